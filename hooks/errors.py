@@ -1,0 +1,66 @@
+"""The exceptions tf-epochsync raises, one subclass per kind of failure.
+
+Typical usage:
+  try:
+    ...
+  except hooks.errors.BarrierTimeoutError as e:
+    logging.error("worker(s) %s never arrived", e.missing)
+
+The tree:
+
+    EpochSyncError                  base of everything raised here
+    +-- ConfigError (ValueError)    bad TF_CONFIG, flags or arguments; says what to change
+    +-- ClusterLaunchError          the local launcher: a task crashed or timed out
+    +-- SyncTimeoutError            a bounded wait expired
+    |   +-- BarrierTimeoutError     an epoch barrier (start / epoch_end) expired
+    |   +-- StepTimeoutError        a synchronous step's gradients or token never came
+    +-- EpochIncompleteError        the session ended before num_epochs finished
+"""
+
+from typing import Sequence
+
+__all__ = [
+    "EpochSyncError",
+    "ConfigError",
+    "ClusterLaunchError",
+    "SyncTimeoutError",
+    "BarrierTimeoutError",
+    "StepTimeoutError",
+    "EpochIncompleteError",
+]
+
+
+class EpochSyncError(Exception):
+  """Base class of every error raised by tf-epochsync."""
+
+
+class ConfigError(EpochSyncError, ValueError):
+  """A TF_CONFIG, flag or argument value is invalid; the message says what to change."""
+
+
+class ClusterLaunchError(EpochSyncError):
+  """A task of a local cluster crashed or outlived the job's deadline."""
+
+
+class SyncTimeoutError(EpochSyncError):
+  """A bounded wait expired.
+
+  Attributes:
+    missing: the task names (`worker:2`, `chief:0`) that had not arrived.
+  """
+
+  def __init__(self, message: str, missing: Sequence[str] = ()):
+    super().__init__(message)
+    self.missing = tuple(missing)
+
+
+class BarrierTimeoutError(SyncTimeoutError):
+  """An epoch barrier timed out; `missing` names the tasks that never arrived."""
+
+
+class StepTimeoutError(SyncTimeoutError):
+  """A synchronous step waited too long for gradients or for its token."""
+
+
+class EpochIncompleteError(EpochSyncError):
+  """The training session ended before the configured number of epochs finished."""
