@@ -1,0 +1,1 @@
+"""Runnable examples: `python -m examples.local_cluster` is the main job."""

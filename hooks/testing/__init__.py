@@ -1,0 +1,1 @@
+"""Test support: a real multi-process localhost cluster (see `local_cluster`)."""

@@ -1,0 +1,286 @@
+"""Runs a real TensorFlow parameter-server cluster on localhost: one OS process per task.
+
+Every task gets ports from portpicker, its own TF_CONFIG, its own process group and a log
+file; the whole job has one hard deadline, and only the process groups started here are
+ever killed. This module does not import TensorFlow: only the task processes do.
+
+Typical usage:
+  with LocalCluster(num_workers=3, num_ps=1, timeout_secs=120) as cluster:
+    cluster.start([sys.executable, "-m", "examples.train", "--epochsync_num_epochs=3"])
+    result = cluster.wait()          # ps tasks still serve here: read their variables
+  result.check()                     # raises ClusterLaunchError naming the failed task
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import portpicker
+
+from hooks.errors import ClusterLaunchError
+
+__all__ = ["LocalCluster", "TaskResult", "ClusterResult", "run_cluster", "PS_COMMAND"]
+
+PS_COMMAND = (sys.executable, "-m", "hooks.testing.ps_task")
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_POLL_SECS = 0.05
+_KILL_GRACE_SECS = 3.0
+_TAIL_LINES = 15
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResult:
+  """How one task ended: `returncode` is None while it ran, `timed_out` if it was killed."""
+  name: str
+  pid: int
+  returncode: Optional[int]
+  timed_out: bool
+  log_path: str
+  elapsed_secs: float
+
+  @property
+  def log(self) -> str:
+    with open(self.log_path, errors="replace") as f:
+      return f.read()
+
+  @property
+  def ok(self) -> bool:
+    return self.returncode == 0 and not self.timed_out
+
+  def tail(self, lines: int = _TAIL_LINES) -> str:
+    return "\n".join(self.log.rstrip().splitlines()[-lines:])
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterResult:
+  """The training tasks' results (chief, workers, evaluator), by task name."""
+  tasks: Mapping[str, TaskResult]
+  elapsed_secs: float
+
+  @property
+  def failed(self) -> List[TaskResult]:
+    return [t for t in self.tasks.values() if not t.ok]
+
+  def check(self) -> "ClusterResult":
+    """Returns self if every task exited 0, else raises ClusterLaunchError naming each failure."""
+    if not self.failed:
+      return self
+    parts = []
+    for t in self.failed:
+      why = (f"killed at the job deadline after {t.elapsed_secs:.1f} s" if t.timed_out
+             else f"exited with code {t.returncode}")
+      parts.append(f"{t.name} {why}; last lines of {t.log_path}:\n{_indent(t.tail())}")
+    raise ClusterLaunchError(f"{len(parts)} task(s) failed:\n" + "\n".join(parts))
+
+
+class _Task:
+  """One running process of the cluster and the thread that copies its output to a log."""
+
+  def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: str,
+               stream: bool):
+    self.name = name
+    self.log_path = log_path
+    self.started = time.monotonic()
+    self.ended: Optional[float] = None
+    self.timed_out = False
+    self._log = open(log_path, "w")
+    self.proc = subprocess.Popen(list(argv), env=dict(env), cwd=_PROJECT_ROOT,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    self._copier = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+    self._copier.start()
+
+  def _copy(self, stream: bool) -> None:
+    for raw in iter(self.proc.stdout.readline, b""):
+      line = raw.decode(errors="replace")
+      self._log.write(line)
+      self._log.flush()
+      if stream:
+        sys.stdout.write(f"[{self.name}] {line}")
+        sys.stdout.flush()
+
+  def poll(self) -> Optional[int]:
+    code = self.proc.poll()
+    if code is not None and self.ended is None:
+      self.ended = time.monotonic()
+    return code
+
+  def kill(self) -> None:
+    """SIGTERM then SIGKILL to this task's own process group (and nothing else)."""
+    if self.poll() is None:
+      _signal_group(self.proc.pid, signal.SIGTERM)
+      try:
+        self.proc.wait(_KILL_GRACE_SECS)
+      except subprocess.TimeoutExpired:
+        pass
+    _signal_group(self.proc.pid, signal.SIGKILL)  # also stray children of an exited leader
+    self.proc.wait()
+    self.poll()
+    self._copier.join(timeout=_KILL_GRACE_SECS)
+    self._log.close()
+
+  def result(self) -> TaskResult:
+    end = self.ended if self.ended is not None else time.monotonic()
+    return TaskResult(self.name, self.proc.pid, self.proc.returncode, self.timed_out,
+                      self.log_path, end - self.started)
+
+
+class LocalCluster:
+  """A localhost cluster of `num_ps` ps tasks and `num_workers` training tasks.
+
+  Use it for tests, examples and benchmarks that must run real separate processes.
+
+    with LocalCluster(num_workers=3, timeout_secs=60) as cluster:
+      cluster.start([sys.executable, "-m", "examples.train"])
+      result = cluster.wait()
+    result.check()
+
+  Args:
+    num_workers: `int`, training tasks (a `chief` task counts as one when `has_chief`).
+    num_ps: `int`, parameter-server tasks; they run `ps_command` until the job ends.
+    has_chief: `bool`, add a separate `chief` job instead of making worker:0 the chief.
+    has_evaluator: `bool`, add one `evaluator` task running the training command.
+    timeout_secs: `float`, hard deadline for the whole job; tasks still running are killed.
+    fail_fast_secs: `float` or None, once a task fails, kill the rest after this long.
+    stream_logs: `bool`, echo every task's output prefixed with `[worker:2]`.
+    log_dir: where `<task>.log` files go (default: a new temporary directory).
+    env: extra environment variables for every task.
+
+  Raises:
+    ValueError: for counts below 1 or a non-positive timeout.
+  """
+
+  def __init__(self, num_workers: int = 3, num_ps: int = 1, *, has_chief: bool = False,
+               has_evaluator: bool = False, timeout_secs: float = 120.0,
+               fail_fast_secs: Optional[float] = 10.0, stream_logs: bool = False,
+               log_dir: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+               ps_command: Sequence[str] = PS_COMMAND):
+    if num_workers < 1 or num_ps < 1:
+      raise ValueError(f"num_workers={num_workers}, num_ps={num_ps}: both must be >= 1")
+    if timeout_secs <= 0:
+      raise ValueError(f"timeout_secs={timeout_secs} must be > 0")
+    self.timeout_secs = timeout_secs
+    self.fail_fast_secs = fail_fast_secs
+    self.stream_logs = stream_logs
+    self.log_dir = log_dir or tempfile.mkdtemp(prefix="epochsync-cluster-")
+    os.makedirs(self.log_dir, exist_ok=True)
+    self._env = dict(env or {})
+    self._ps_command = tuple(ps_command)
+    jobs = {"ps": num_ps, "worker": num_workers - 1 if has_chief else num_workers}
+    if has_chief:
+      jobs["chief"] = 1
+    if has_evaluator:
+      jobs["evaluator"] = 1
+    self.cluster: Dict[str, List[str]] = {
+        job: [f"localhost:{portpicker.pick_unused_port()}" for _ in range(n)]
+        for job, n in jobs.items() if n}
+    self._tasks: Dict[str, _Task] = {}
+    self._deadline: Optional[float] = None
+
+  @property
+  def training_task_names(self) -> List[str]:
+    names = [f"chief:0"] if "chief" in self.cluster else []
+    names += [f"worker:{i}" for i in range(len(self.cluster.get("worker", [])))]
+    return names + (["evaluator:0"] if "evaluator" in self.cluster else [])
+
+  def tf_config(self, task_type: str, index: int) -> str:
+    """The TF_CONFIG JSON that task `task_type:index` is started with (evaluator excluded)."""
+    cluster = {job: addrs for job, addrs in self.cluster.items() if job != "evaluator"}
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+  def target(self, task_name: str) -> str:
+    """The gRPC target (`grpc://localhost:port`) of a task such as `ps:0`."""
+    job, index = task_name.split(":")
+    return "grpc://" + self.cluster[job][int(index)]
+
+  def start(self, command: Sequence[str],
+            per_task_args: Optional[Mapping[str, Sequence[str]]] = None) -> None:
+    """Starts every ps task, then every training task running `command` (+ its extra args)."""
+    if self._tasks:
+      raise RuntimeError("LocalCluster.start() was already called")
+    self._deadline = time.monotonic() + self.timeout_secs
+    per_task_args = per_task_args or {}
+    for i in range(len(self.cluster["ps"])):
+      self._spawn(f"ps:{i}", self._ps_command)
+    for name in self.training_task_names:
+      self._spawn(name, list(command) + list(per_task_args.get(name, ())))
+
+  def _spawn(self, name: str, argv: Sequence[str]) -> None:
+    task_type, index = name.split(":")
+    env = dict(os.environ)
+    env.update(self._env)
+    env["TF_CONFIG"] = self.tf_config(task_type, int(index))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    log_path = os.path.join(self.log_dir, name.replace(":", "-") + ".log")
+    self._tasks[name] = _Task(name, argv, env, log_path, self.stream_logs)
+
+  def wait(self) -> ClusterResult:
+    """Waits (bounded by the job deadline) for every training task; ps tasks keep running."""
+    if self._deadline is None:
+      raise RuntimeError("call LocalCluster.start() before wait()")
+    training = [self._tasks[n] for n in self.training_task_names]
+    first_failure: Optional[float] = None
+    while any(t.poll() is None for t in training):
+      now = time.monotonic()
+      failed = [t for t in self._tasks.values() if t.poll() not in (None, 0)]
+      crashed_ps = [t for t in self._tasks.values() if t.name.startswith("ps:") and
+                    t.poll() is not None]
+      if (failed or crashed_ps) and first_failure is None:
+        first_failure = now
+      fail_fast = (first_failure is not None and self.fail_fast_secs is not None and
+                   now - first_failure > self.fail_fast_secs)
+      if now > self._deadline or fail_fast:
+        for t in training:
+          if t.poll() is None:
+            t.timed_out = True
+            t.kill()
+        break
+      time.sleep(_POLL_SECS)
+    results = {t.name: t.result() for t in training}
+    for t in self._tasks.values():
+      if t.name.startswith("ps:") and t.poll() is not None:
+        results[t.name] = t.result()  # a ps must never exit on its own
+    return ClusterResult(results, time.monotonic() - (self._deadline - self.timeout_secs))
+
+  @property
+  def pids(self) -> Dict[str, int]:
+    return {name: t.proc.pid for name, t in self._tasks.items()}
+
+  def close(self) -> None:
+    """Kills every process group this cluster started; safe to call twice."""
+    for t in self._tasks.values():
+      t.kill()
+
+  def __enter__(self) -> "LocalCluster":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def run_cluster(command: Sequence[str], **kwargs) -> ClusterResult:
+  """Starts a LocalCluster (kwargs as its constructor), waits for it and tears it down."""
+  per_task_args = kwargs.pop("per_task_args", None)
+  with LocalCluster(**kwargs) as cluster:
+    cluster.start(command, per_task_args)
+    return cluster.wait()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+  try:
+    os.killpg(pid, sig)  # pid == pgid: every task leads its own session
+  except ProcessLookupError:
+    pass
+
+
+def _indent(text: str) -> str:
+  return "\n".join("    " + line for line in text.splitlines())

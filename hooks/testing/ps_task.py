@@ -1,0 +1,24 @@
+"""Serves one parameter-server task of the cluster in TF_CONFIG until it is killed.
+
+Typical usage (what LocalCluster starts for every `ps` task):
+  TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}' python -m hooks.testing.ps_task
+"""
+
+from absl import app
+from absl import logging
+
+from hooks import cluster as cluster_lib
+
+
+def main(argv):
+  del argv
+  config = cluster_lib.ClusterConfig.from_tf_config()
+  import tensorflow as tf  # only task processes import TensorFlow
+  server = tf.distribute.Server(config.cluster_spec(), job_name=config.task_type,
+                                task_index=config.task_index, protocol="grpc", start=True)
+  logging.info("%s serving at %s", config.task_name, server.target)
+  server.join()
+
+
+if __name__ == "__main__":
+  app.run(main)
