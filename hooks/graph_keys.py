@@ -1,0 +1,19 @@
+"""Graph collection names through which tf-epochsync's pieces find each other's ops.
+
+The epoch hooks (barrier, done) run what other pieces (e.g. the sync optimizer) put in
+these collections, so each piece works alone and they compose without knowing each other.
+
+Typical usage:
+  tf.compat.v1.add_to_collection(graph_keys.DONE_OPS, my_done_marker_op)
+  # WorkerDoneHook runs every op in DONE_OPS once per epoch, when this worker's shard ends.
+"""
+
+__all__ = ["DONE_OPS", "EPOCH_START_OPS"]
+
+# Ops each worker runs once per epoch right after its shard for the epoch is exhausted
+# (immediately at epoch start for an empty shard), before it arrives at the epoch barrier.
+DONE_OPS = "epochsync_done_ops"
+
+# Ops each worker runs at the start of every epoch (after the start or epoch_end barrier
+# released it, before its first step of the epoch), e.g. refreshing a local step.
+EPOCH_START_OPS = "epochsync_epoch_start_ops"
