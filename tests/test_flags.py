@@ -1,0 +1,139 @@
+"""Tests for hooks/flags.py: flag definitions, validators, and conversion to config objects."""
+
+import json
+
+from absl import flags
+from absl.testing import flagsaver
+import pytest
+
+from hooks import flags as flags_lib
+from hooks.cluster import EpochSyncSettings
+from hooks.errors import ConfigError
+
+FLAGS = flags.FLAGS
+SECS_FLAGS = ["epochsync_barrier_timeout_secs", "epochsync_startup_timeout_secs",
+              "epochsync_step_timeout_secs", "epochsync_warn_after_secs",
+              "epochsync_log_every_secs"]
+CLUSTER_FLAGS = ["job_name", "task_index", "ps_hosts", "worker_hosts", "chief_hosts",
+                 "evaluator_hosts"]
+CLUSTER_ARGV = ["--job_name=worker", "--task_index=1", "--ps_hosts=p0:1,p1:1",
+                "--worker_hosts=w0:1,w1:1", "--chief_hosts=c:1"]
+
+
+@pytest.fixture
+def parse(monkeypatch):
+  """Parses argv into absl's FLAGS; every flag value is restored afterwards."""
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  was_parsed = FLAGS.is_parsed()
+  with flagsaver.flagsaver():
+    yield lambda *argv: FLAGS(["prog", *argv])
+  if not was_parsed:
+    FLAGS.unparse_flags()
+
+
+def test_exports():
+  assert set(flags_lib.__all__) == {
+      "NUM_WORKERS", "NUM_EPOCHS", "BARRIER_TIMEOUT_SECS", "STARTUP_TIMEOUT_SECS",
+      "STEP_TIMEOUT_SECS", "WARN_AFTER_SECS", "LOG_EVERY_SECS", "SYNC",
+      "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
+      "settings_from_flags"}
+
+
+class TestEpochSyncFlags:
+
+  def test_names_and_defaults(self, parse):
+    parse()
+    holders = [getattr(flags_lib, name) for name in flags_lib.__all__ if name.isupper()]
+    assert all(h.name.startswith("epochsync_") for h in holders)
+    assert flags_lib.NUM_WORKERS.value is None
+    assert flags_lib.settings_from_flags() == EpochSyncSettings()
+    assert (flags_lib.BARRIER_TIMEOUT_SECS.value, flags_lib.SYNC.value) == (1800.0, True)
+
+  def test_settings_from_flags(self, parse):
+    parse("--epochsync_num_epochs=3", "--epochsync_barrier_timeout_secs=120",
+          "--epochsync_startup_timeout_secs=30", "--epochsync_step_timeout_secs=20",
+          "--epochsync_warn_after_secs=10", "--epochsync_log_every_secs=5",
+          "--noepochsync_sync", "--epochsync_divide_by_initial_workers")
+    assert flags_lib.settings_from_flags() == EpochSyncSettings(
+        num_epochs=3, barrier_timeout_secs=120, startup_timeout_secs=30, step_timeout_secs=20,
+        warn_after_secs=10, log_every_secs=5, sync=False, divide_by_initial_workers=True)
+
+  @pytest.mark.parametrize("arg, match", [
+      ("--epochsync_num_epochs=0", r"flag --epochsync_num_epochs=0: .*positive integer"),
+      ("--epochsync_num_workers=0", r"flag --epochsync_num_workers=0: .*positive integer"),
+      ("--epochsync_num_epochs=two", r"flag --epochsync_num_epochs=two: invalid literal"),
+  ] + [(f"--{name}={value}", rf"flag --{name}={value}: must be a finite number of seconds > 0")
+       for name in SECS_FLAGS for value in ("0.0", "-1.0", "inf")])
+  def test_bad_value(self, parse, arg, match):
+    with pytest.raises(flags.IllegalFlagValueError, match=match):
+      parse(arg)
+
+  def test_smallest_good_values(self, parse):
+    parse("--epochsync_num_epochs=1", "--epochsync_num_workers=1",
+          *(f"--{name}=0.001" for name in SECS_FLAGS if name != "epochsync_barrier_timeout_secs"))
+    assert flags_lib.NUM_EPOCHS.value == 1 and flags_lib.LOG_EVERY_SECS.value == 0.001
+
+  @pytest.mark.parametrize("warn", ["100", "50"])
+  def test_warn_after_must_be_below_barrier_timeout(self, parse, warn):
+    with pytest.raises(flags.IllegalFlagValueError,
+                       match=rf"--epochsync_warn_after_secs={warn}.0 must be < "
+                             r"--epochsync_barrier_timeout_secs=50.0.*lower the first or raise "
+                             r"the second"):
+      parse(f"--epochsync_warn_after_secs={warn}", "--epochsync_barrier_timeout_secs=50")
+
+  def test_warn_after_just_below_barrier_timeout(self, parse):
+    parse("--epochsync_warn_after_secs=49.9", "--epochsync_barrier_timeout_secs=50")
+    assert flags_lib.settings_from_flags().warn_after_secs == 49.9
+
+
+class TestClusterFlags:
+
+  def test_defines_all_cluster_flags(self):
+    flag_values = flags.FlagValues()
+    flags_lib.define_cluster_flags(flag_values)
+    assert all(name in flag_values for name in CLUSTER_FLAGS)
+    assert all(name in FLAGS for name in CLUSTER_FLAGS)
+
+  def test_does_not_redefine_user_flags(self):
+    flag_values = flags.FlagValues()
+    flags.DEFINE_string("job_name", "ps", "the user's own", flag_values=flag_values)
+    flags.DEFINE_integer("task_index", 0, "the user's own", flag_values=flag_values)
+    flags_lib.define_cluster_flags(flag_values)
+    flags_lib.define_cluster_flags(flag_values)  # Twice is harmless.
+    assert flag_values["job_name"].help == "the user's own"
+    assert flag_values["job_name"].default == "ps"
+    assert flag_values["task_index"].help == "the user's own"
+    assert "ignored when TF_CONFIG is set" in flag_values["worker_hosts"].help
+
+  def test_cluster_from_flags(self, parse):
+    parse(*CLUSTER_ARGV, "--epochsync_num_workers=3")
+    config = flags_lib.cluster_from_flags()
+    assert config.source == "flags" and config.task_name == "worker:1"
+    assert config.worker_id == 2 and config.ps_names == ("ps:0", "ps:1")
+
+  def test_num_workers_must_match(self, parse):
+    parse(*CLUSTER_ARGV, "--epochsync_num_workers=4")
+    with pytest.raises(ConfigError, match=r"num_workers=4 but --chief_hosts/--worker_hosts lists "
+                                          r"3 chief\+worker tasks; set --epochsync_num_workers=3"):
+      flags_lib.cluster_from_flags()
+
+  def test_tf_config_takes_precedence(self, parse, monkeypatch):
+    parse(*CLUSTER_ARGV)
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": {"worker": ["a:1"], "ps": ["b:1"]}, "task": {"type": "ps", "index": 0}}))
+    config = flags_lib.cluster_from_flags()
+    assert config.source == "TF_CONFIG" and config.task_name == "ps:0"
+
+  def test_bad_cluster_flags_name_the_flag(self, parse):
+    parse("--job_name=worker", "--task_index=2", "--worker_hosts=w0:1,w1:1")
+    with pytest.raises(ConfigError, match=r"(?s)add a ps job.*--task_index=2 is out of range"):
+      flags_lib.cluster_from_flags()
+
+  def test_fresh_flag_values_without_epochsync_flags(self, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    flag_values = flags.FlagValues()
+    flags_lib.define_cluster_flags(flag_values)
+    with pytest.raises(flags.UnparsedFlagAccessError):
+      flags_lib.cluster_from_flags(flag_values)
+    flag_values(["prog", "--job_name=ps", "--task_index=0", "--ps_hosts=p:1", "--worker_hosts=w:1"])
+    assert flags_lib.cluster_from_flags(flag_values).is_ps
