@@ -1,7 +1,11 @@
 """The main job: a real 1 ps + 3 worker cluster on this machine, one process per task.
 
+Every worker trains exactly one pass over its shard per epoch (shards 9/5/0 batches by
+default: uneven, one empty), all wait at the epoch barrier, the chief saves one
+checkpoint per epoch, and the job ends by itself after the last epoch.
+
 Typical usage:
-  python -m examples.local_cluster                       # 1 ps + 3 workers, shards 9/5/0
+  python -m examples.local_cluster                       # 1 ps + 3 workers, 3 epochs
   python -m examples.local_cluster --num_workers=4 --shard_batches=6,6,3,0 --stream_logs
 """
 
@@ -13,38 +17,42 @@ import tempfile
 from absl import app
 from absl import flags
 
+from hooks.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", 3, "Training workers.", lower_bound=1)
 _NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter-server tasks.", lower_bound=1)
+_NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Epochs to train.", lower_bound=1)
 _SHARDS = flags.DEFINE_list("shard_batches", ["9", "5", "0"], "Batches per worker's shard.")
 _TIMEOUT = flags.DEFINE_float("timeout_secs", 300, "Hard deadline for the whole job.")
 _STREAM = flags.DEFINE_boolean("stream_logs", False, "Echo every task's log, prefixed.")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Summaries and logs (default: a temp dir).")
-
-_COLUMNS = ("task", "steps", "examples", "loss", "secs")
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, audit, summaries and logs "
+                                 "(default: a new temporary directory).")
 
 
 def main(argv):
-  output_dir = _OUTPUT_DIR.value or tempfile.mkdtemp(prefix="epochsync-demo-")
-  command = [sys.executable, "-m", "examples.train", "--output_dir=" + output_dir,
-             "--shard_batches=" + ",".join(_SHARDS.value)] + argv[1:]
+  model_dir = _MODEL_DIR.value or tempfile.mkdtemp(prefix="epochsync-demo-")
+  command = [sys.executable, "-m", "examples.train", "--model_dir=" + model_dir,
+             "--shard_batches=" + ",".join(_SHARDS.value),
+             f"--epochsync_num_epochs={_NUM_EPOCHS.value}",
+             "--epochsync_barrier_timeout_secs=120", "--epochsync_startup_timeout_secs=120",
+             "--epochsync_log_every_secs=10", "--epochsync_warn_after_secs=30"] + argv[1:]
   cluster = LocalCluster(num_workers=_NUM_WORKERS.value, num_ps=_NUM_PS.value,
                          timeout_secs=_TIMEOUT.value, stream_logs=_STREAM.value,
-                         log_dir=os.path.join(output_dir, "logs"))
+                         log_dir=os.path.join(model_dir, "logs"))
   with cluster:
     cluster.start(command)
     result = cluster.wait()
   print(f"cluster: {json.dumps(cluster.cluster)}")
-  print(f"job finished in {result.elapsed_secs:.1f} s; logs in {cluster.log_dir}")
-  print("  ".join(f"{c:>10}" for c in _COLUMNS))
+  print(f"job finished in {result.elapsed_secs:.1f} s; model_dir {model_dir}")
   for name, task in sorted(result.tasks.items()):
-    path = os.path.join(output_dir, name.replace(":", "-") + ".json")
-    if task.ok and os.path.exists(path):
-      with open(path) as f:
-        row = json.load(f)
-      print("  ".join(f"{row[c]:>10.4g}" if isinstance(row[c], float) else f"{row[c]:>10}"
-                      for c in _COLUMNS) + f"   pid {task.pid}, exit {task.returncode}")
+    print(f"  {name:<10} pid {task.pid:<7} exit {task.returncode}  log {task.log_path}")
+  print("per-epoch audit (written by the chief after every worker finished the epoch):")
+  for line in read_audit(model_dir):
+    workers = "  ".join(f"{w} {s['batches']}b/{s['examples']}ex"
+                        for w, s in line["workers"].items())
+    print(f"  epoch {line['epoch']}: {workers}  global_step {line['global_step']}  "
+          f"checkpoint {os.path.basename(str(line.get('checkpoint')))}")
   result.check()
 
 

@@ -1,0 +1,106 @@
+"""The chief saves exactly one checkpoint per epoch, after every worker finished it.
+
+The save runs as a chief action of the epoch barrier: after all workers arrived at the
+end of epoch e and before any of them is released into epoch e+1. The epoch is stored
+in the checkpoint (`epochsync/completed_epochs`) and in the file name
+(`model.ckpt-epoch0002-<global_step>`), and CheckpointSaverListeners hang off each save.
+
+Typical usage:
+  save = ChiefSaveAfterBarrierHook(barrier, checkpoint_dir=model_dir)
+  hooks = [barrier, epoch_input.hook] + ([save] if config.is_chief else [])
+"""
+
+import os
+import time
+from typing import Dict, Optional, Sequence
+
+from absl import logging
+import tensorflow as tf
+
+from hooks.barrier import EpochBarrierHook
+from hooks.errors import ConfigError
+
+__all__ = ["ChiefSaveAfterBarrierHook", "epoch_checkpoint_prefix"]
+
+_v1 = tf.compat.v1
+
+
+def epoch_checkpoint_prefix(checkpoint_dir: str, epoch: int, basename: str = "model.ckpt"):
+  """The path prefix of epoch `epoch`'s checkpoint (the global step is appended)."""
+  return os.path.join(checkpoint_dir, f"{basename}-epoch{epoch:04d}")
+
+
+class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
+  """Saves a checkpoint on the chief once per epoch, between the barrier's gather and release.
+
+    barrier = EpochBarrierHook(epoch_input, num_workers=3, worker_id=0)
+    save = ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=[export_listener])
+    with tf.compat.v1.train.MonitoredSession(session_creator=creator,
+                                             hooks=[barrier, save, epoch_input.hook]) as s:
+      while not s.should_stop(): s.run(train_op)
+
+  Turn off other periodic savers (MonitoredTrainingSession's save_checkpoint_secs=None
+  and save_checkpoint_steps=None): a mid-epoch checkpoint would make a restart re-train
+  part of an epoch.
+
+  Args:
+    barrier: the chief's `EpochBarrierHook` (worker_id 0).
+    checkpoint_dir: `str`, where checkpoints go; the chief restores from here on restart.
+    saver: a `tf.compat.v1.train.Saver`; default: the Scaffold's saver (SAVERS collection).
+    listeners: `CheckpointSaverListener`s called around each save.
+    checkpoint_basename: `str`, file name stem.
+
+  Raises:
+    ConfigError: if `barrier` is not the chief's or `checkpoint_dir` is empty.
+  """
+
+  def __init__(self, barrier: EpochBarrierHook, checkpoint_dir: str,
+               saver: Optional[_v1.train.Saver] = None,
+               listeners: Sequence[_v1.train.CheckpointSaverListener] = (),
+               checkpoint_basename: str = "model.ckpt"):
+    if not checkpoint_dir:
+      raise ConfigError("ChiefSaveAfterBarrierHook: checkpoint_dir is empty; pass the model_dir")
+    if not barrier.is_chief:
+      raise ConfigError(f"ChiefSaveAfterBarrierHook runs on the chief only, but the barrier is "
+                        f"{barrier.task_name}'s; add it to chief_only_hooks")
+    self._dir, self._basename = checkpoint_dir, checkpoint_basename
+    self._saver, self._listeners = saver, list(listeners)
+    self.saved: Dict[int, str] = {}
+    barrier.add_chief_action(self._save)
+
+  def begin(self):
+    self._global_step = _v1.train.get_global_step()
+    if self._global_step is None:
+      raise RuntimeError("ChiefSaveAfterBarrierHook needs a global step: call "
+                         "tf.compat.v1.train.get_or_create_global_step() when building the model")
+    for listener in self._listeners:
+      listener.begin()
+
+  def _get_saver(self) -> _v1.train.Saver:
+    if self._saver is None:
+      savers = _v1.get_collection(_v1.GraphKeys.SAVERS)
+      if len(savers) != 1:
+        raise RuntimeError(f"found {len(savers)} savers in the SAVERS collection; pass saver=")
+      self._saver = savers[0]
+    return self._saver
+
+  def _save(self, session, epoch: int, arrivals) -> Dict[str, object]:
+    step = int(session.run(self._global_step))
+    for listener in self._listeners:
+      listener.before_save(session, step)
+    start = time.monotonic()
+    path = self._get_saver().save(session, epoch_checkpoint_prefix(self._dir, epoch,
+                                                                    self._basename),
+                                  global_step=step)
+    saved_at = time.time()
+    logging.info("chief saved epoch %d (global_step %d, %d workers done) to %s in %.2f s",
+                 epoch, step, len(arrivals), path, time.monotonic() - start)
+    for listener in self._listeners:
+      listener.after_save(session, step)
+    self.saved[epoch] = path
+    return {"checkpoint": path, "saved_at": saved_at}
+
+  def end(self, session):
+    step = int(session.run(self._global_step))
+    for listener in self._listeners:
+      listener.end(session, step)

@@ -1,0 +1,254 @@
+"""Feeds one pass over a worker's shard per epoch and drives the epoch hooks at its end.
+
+`EpochInput` wraps a per-epoch `tf.data.Dataset` (one pass, not repeated). It keeps one
+batch buffered ahead, so after each step it knows whether the shard has another batch:
+the epoch's end is seen without an OutOfRangeError ever reaching MonitoredSession, and an
+empty shard is seen before any step runs. Its `hook` then calls the epoch listeners (done
+signal, barrier, chief save) in order, starts the next epoch with a fresh iterator, and
+stops the session after `num_epochs`, all within one session.
+
+Typical usage:
+  epoch_input = EpochInput(shard_dataset, num_epochs=3, task_name="worker:1")
+  features, labels = epoch_input.get_next()
+  train_op = build_model(features, labels)
+  with tf.compat.v1.train.MonitoredSession(..., hooks=[..., epoch_input.hook]) as sess:
+    while not sess.should_stop(): sess.run(train_op)
+"""
+
+import collections
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+import tensorflow as tf
+
+from hooks.errors import ConfigError, EpochIncompleteError
+
+__all__ = ["EpochInput", "EpochListener", "EpochStats"]
+
+_v1 = tf.compat.v1
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochStats:
+  """What one worker trained in one epoch (`started_at`/`ended_at` are time.time())."""
+  epoch: int
+  batches: int
+  examples: int
+  started_at: float
+  ended_at: float
+
+
+class EpochListener:
+  """Base of the hooks that act at epoch boundaries; lower `order` acts first.
+
+  The driver (`EpochInput.hook`) calls `session_created` once, then for each epoch
+  `epoch_started` before its first step and `epoch_ended` after its last one.
+  """
+  order = 50
+
+  def session_created(self, session, start_epoch: int) -> None:
+    """Called once with the first epoch this session trains (> 0 after a restart)."""
+
+  def epoch_started(self, session, epoch: int) -> None:
+    """Called before the first step of `epoch`."""
+
+  def epoch_ended(self, session, stats: EpochStats) -> None:
+    """Called after this worker's last step of `stats.epoch` (at once for an empty shard)."""
+
+  def start_epoch(self, session) -> Optional[int]:
+    """A listener that knows the first epoch to train (e.g. from a checkpoint) returns it."""
+    return None
+
+
+class EpochInput:
+  """One pass over `dataset` per epoch, with the epoch's end visible to the hooks.
+
+  Build it inside the worker's graph (under `replica_device_setter`); every epoch
+  re-initialises the iterator, so a `shuffle()` in the dataset reshuffles per epoch.
+
+    epoch_input = EpochInput(dataset, num_epochs=3, task_name=config.task_name)
+    features, labels = epoch_input.get_next()
+    hooks = [EpochBarrierHook(epoch_input, ...), epoch_input.hook]
+
+  Args:
+    dataset: `tf.data.Dataset`, this worker's shard for one epoch (not repeated); may be empty.
+    num_epochs: `int`, epochs to train; the session stops after the last one.
+    task_name: `str`, e.g. "worker:1", used in logs.
+
+  Raises:
+    ConfigError: if `num_epochs` < 1 or `dataset` is not a tf.data.Dataset.
+  """
+
+  def __init__(self, dataset: tf.data.Dataset, num_epochs: int, task_name: str = "worker"):
+    problems = []
+    if not isinstance(num_epochs, int) or num_epochs < 1:
+      problems.append(f"num_epochs={num_epochs!r} must be an int >= 1 "
+                      "(set --epochsync_num_epochs)")
+    if not isinstance(dataset, tf.data.Dataset):
+      problems.append(f"dataset={type(dataset).__name__} must be a tf.data.Dataset holding one "
+                      "pass over this worker's shard")
+    if problems:
+      raise ConfigError("; ".join(problems))
+    self.num_epochs = num_epochs
+    self.task_name = task_name
+    self._spec = dataset.element_spec
+    flat_spec = tf.nest.flatten(self._spec)
+    with tf.name_scope("epochsync_input"):
+      self._iterator = _v1.data.make_initializable_iterator(dataset)
+      self._buffer = _v1.FIFOQueue(2, [s.dtype for s in flat_spec], name="buffer")
+      self._preload = self._refill()
+      taken = self._buffer.dequeue()
+      taken = [taken] if len(flat_spec) == 1 and not isinstance(taken, list) else taken
+      with tf.control_dependencies(taken):
+        self._has_next = self._refill()  # buffer the next batch in the same step
+      with tf.control_dependencies([self._has_next[0]]):
+        outputs = [tf.identity(t) for t in taken]
+      for out, spec in zip(outputs, flat_spec):
+        out.set_shape(spec.shape)
+      self._next = tf.nest.pack_sequence_as(self._spec, outputs)
+      self._dequeue_op = taken[0].op
+    self._listeners: List[EpochListener] = []
+    self.hook = _EpochDriverHook(self)
+
+  def _refill(self):
+    """Ops that buffer the next batch if there is one; returns (has_value, batch_size)."""
+    optional = self._iterator.get_next_as_optional()
+
+    def _enqueue():
+      value = tf.nest.flatten(optional.get_value())
+      first = value[0]
+      size = tf.shape(first, out_type=tf.int64)[0] if first.shape.rank != 0 else tf.constant(
+          1, tf.int64)
+      with tf.control_dependencies([self._buffer.enqueue(value)]):
+        return tf.constant(True), tf.identity(size)
+
+    return tf.cond(optional.has_value(), _enqueue,
+                   lambda: (tf.constant(False), tf.constant(0, tf.int64)))
+
+  def get_next(self) -> Any:
+    """The current batch, with the dataset's structure; consuming it advances the epoch."""
+    return self._next
+
+  def add_listener(self, listener: EpochListener) -> None:
+    """Registers a hook to be called at session start and at every epoch boundary."""
+    self._listeners.append(listener)
+    self._listeners.sort(key=lambda l: l.order)
+
+  @property
+  def listeners(self) -> List[EpochListener]:
+    return list(self._listeners)
+
+
+class _EpochDriverHook(_v1.train.SessionRunHook):
+  """Detects each epoch's end after a step and runs the listeners; see EpochInput."""
+
+  def __init__(self, epoch_input: EpochInput):
+    self._input = epoch_input
+    self._consumers: Dict[Any, bool] = {}
+    self._pending_sizes: collections.deque = collections.deque()
+    self._epoch = 0
+    self._finished = False
+    self._batches = self._examples = 0
+    self._started_at = 0.0
+    self.history: List[EpochStats] = []
+
+  @property
+  def epoch(self) -> int:
+    return self._epoch
+
+  def begin(self):
+    self._graph = _v1.get_default_graph()
+
+  def after_create_session(self, session, coord):
+    listeners = self._input.listeners
+    start = max([s for s in (l.start_epoch(session) for l in listeners) if s is not None],
+                default=0)
+    self._epoch = start
+    for listener in listeners:
+      listener.session_created(session, start)
+    if start >= self._input.num_epochs:
+      logging.info("%s: all %d epochs were already trained; nothing to do",
+                   self._input.task_name, self._input.num_epochs)
+    if self._start_epochs_until_data(session):
+      coord.request_stop()
+
+  def _start_epochs_until_data(self, session) -> bool:
+    """Starts the next epoch; ends at once epochs where the shard is empty. True when done."""
+    while self._epoch < self._input.num_epochs:
+      self._started_at = time.time()
+      self._batches = self._examples = 0
+      self._pending_sizes.clear()
+      session.run(self._input._iterator.initializer)
+      for listener in self._input.listeners:
+        listener.epoch_started(session, self._epoch)
+      has_value, size = session.run(self._input._preload)
+      if has_value:
+        self._pending_sizes.append(int(size))
+        return False
+      logging.info("%s: shard is empty in epoch %d", self._input.task_name, self._epoch)
+      self._end_epoch(session)
+    self._finished = True
+    return True
+
+  def _end_epoch(self, session) -> None:
+    """Runs the listeners for the epoch this worker just finished."""
+    stats = EpochStats(self._epoch, self._batches, self._examples, self._started_at,
+                       time.time())
+    logging.info("%s: epoch %d done: %d batches, %d examples in %.2f s", self._input.task_name,
+                 stats.epoch, stats.batches, stats.examples, stats.ended_at - stats.started_at)
+    for listener in self._input.listeners:
+      listener.epoch_ended(session, stats)
+    self.history.append(stats)
+    self._epoch += 1
+
+  def _consumes_input(self, fetches) -> bool:
+    """True if running `fetches` dequeues a batch (cached per fetch structure)."""
+    key = tuple(id(f) for f in tf.nest.flatten(fetches))
+    if key not in self._consumers:
+      ops = [self._graph.as_graph_element(f) for f in tf.nest.flatten(fetches)]
+      ops = [o if isinstance(o, tf.Operation) else o.op for o in ops]
+      self._consumers[key] = _reaches(ops, self._input._dequeue_op)
+    return self._consumers[key]
+
+  def before_run(self, run_context):
+    if self._consumes_input(run_context.original_args.fetches):
+      return _v1.train.SessionRunArgs(self._input._has_next)
+    return None
+
+  def after_run(self, run_context, run_values):
+    if run_values.results is None:
+      return
+    has_next, size = run_values.results
+    self._batches += 1
+    self._examples += self._pending_sizes.popleft()
+    if has_next:
+      self._pending_sizes.append(int(size))
+      return
+    self._end_epoch(run_context.session)
+    if self._start_epochs_until_data(run_context.session):
+      run_context.request_stop()
+
+  def end(self, session):
+    if not self._finished:
+      raise EpochIncompleteError(
+          f"{self._input.task_name}: the session ended during epoch {self._epoch} of "
+          f"{self._input.num_epochs} (after {self._batches} batches of it): something stopped "
+          "it early, e.g. an OutOfRangeError that did not come from the EpochInput, or a "
+          "max_steps/StopAtStepHook; epoch-synchronized training needs neither")
+
+
+def _reaches(fetch_ops, target: tf.Operation) -> bool:
+  """True if `target` is among the (data or control) ancestors of `fetch_ops`."""
+  seen, stack = set(), list(fetch_ops)
+  while stack:
+    op = stack.pop()
+    if op is target:
+      return True
+    if op in seen:
+      continue
+    seen.add(op)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return False

@@ -1,0 +1,62 @@
+"""Builds the right set of epoch-sync hooks for this task from its config and settings.
+
+Typical usage:
+  epoch_input = EpochInput(shard, num_epochs=settings.num_epochs, task_name=config.task_name)
+  train_op = build(epoch_input.get_next())
+  hooks = epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir)
+  with tf.compat.v1.train.MonitoredSession(
+      session_creator=session_creator(config, server.target, checkpoint_dir=model_dir),
+      hooks=hooks) as sess:
+    while not sess.should_stop(): sess.run(train_op)
+"""
+
+from typing import List, Optional, Sequence
+
+import tensorflow as tf
+
+from hooks.barrier import EpochBarrierHook
+from hooks.checkpointing import ChiefSaveAfterBarrierHook
+from hooks.cluster import ClusterConfig, EpochSyncSettings
+from hooks.done_counter import WorkerDoneHook
+from hooks.epoch_input import EpochInput
+
+__all__ = ["epoch_sync_hooks"]
+
+
+def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
+                     settings: Optional[EpochSyncSettings] = None,
+                     model_dir: Optional[str] = None,
+                     listeners: Sequence[tf.compat.v1.train.CheckpointSaverListener] = (),
+                     sync_hook: Optional[tf.compat.v1.train.SessionRunHook] = None
+                     ) -> List[tf.compat.v1.train.SessionRunHook]:
+  """The hooks of one training task, in the order they must run.
+
+  The chief also gets the per-epoch save (when `model_dir` is set) and writes the audit.
+  `sync_hook` (the sync optimizer's `make_session_run_hook`) goes first, so the chief's
+  gradient aggregation runs before any epoch work; `epoch_input.hook` goes last.
+
+  Args:
+    config: this task's `ClusterConfig` (a chief or worker task).
+    epoch_input: the `EpochInput` the model reads from.
+    settings: `EpochSyncSettings` (timeouts); default: its defaults.
+    model_dir: `str`, checkpoints and the audit; None: neither.
+    listeners: `CheckpointSaverListener`s called around each epoch checkpoint.
+    sync_hook: the synchronous optimizer's session hook, if one is used.
+
+  Raises:
+    ConfigError: if the config is not a training task's or a hook rejects its arguments.
+  """
+  settings = settings or EpochSyncSettings()
+  common = dict(num_workers=config.num_workers, worker_id=config.worker_id,
+                worker_names=config.worker_names)
+  done = WorkerDoneHook(epoch_input, **common)
+  barrier = EpochBarrierHook(
+      epoch_input, **common, timeout_secs=settings.barrier_timeout_secs,
+      startup_timeout_secs=settings.startup_timeout_secs,
+      warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
+      audit_dir=model_dir)
+  hooks: List[tf.compat.v1.train.SessionRunHook] = [sync_hook] if sync_hook else []
+  hooks += [done, barrier]
+  if config.is_chief and model_dir:
+    hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners))
+  return hooks + [epoch_input.hook]
