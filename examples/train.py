@@ -63,9 +63,12 @@ def linear_model(x, y, features: int):
   return loss, w, b
 
 
-def train(extra_hooks: Callable[[cluster_lib.ClusterConfig], List] = lambda config: []
-          ) -> Optional[dict]:
-  """Builds this task's graph and trains every epoch; returns the task's summary."""
+def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] = (
+    lambda config, epoch_input: [])) -> Optional[dict]:
+  """Builds this task's graph and trains every epoch; returns the task's summary.
+
+  `extra_hooks(config, epoch_input)` may add hooks (tests use it to inject faults).
+  """
   _v1.disable_v2_behavior()
   config = epochsync_flags.cluster_from_flags()
   settings = epochsync_flags.settings_from_flags()
@@ -89,7 +92,7 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig], List] = lambda conf
       startup_timeout_secs=settings.startup_timeout_secs)
   start, last_loss = time.monotonic(), float("nan")
   with _v1.train.MonitoredSession(session_creator=creator,
-                                  hooks=extra_hooks(config) + hooks) as sess:
+                                  hooks=extra_hooks(config, epoch_input) + hooks) as sess:
     while not sess.should_stop():
       last_loss, _ = sess.run([loss, train_op])
   history = epoch_input.hook.history
@@ -97,6 +100,7 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig], List] = lambda conf
              "batches": [s.batches for s in history],
              "examples": [s.examples for s in history],
              "started_at": [s.started_at for s in history],
+             "ended_at": [s.ended_at for s in history],
              "loss": float(last_loss), "secs": round(time.monotonic() - start, 2)}
   logging.info("summary %s", json.dumps(summary))
   if model_dir:

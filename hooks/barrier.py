@@ -213,7 +213,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
         return
       if got == _ABORT:
         self._fail(barrier, epoch, start, timeout, self._missing(session, seq),
-                   "the chief gave up waiting; ")
+                   "the chief gave up: ")
       raise EpochSyncError(f"{self.task_name} was released from barrier #{got} while waiting "
                            f"at {barrier} #{seq} (epoch {epoch}): the workers disagree on "
                            "the epoch; check num_epochs and model_dir on every task")
@@ -221,8 +221,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def _missing(self, session, seq) -> List[str]:
     arrived = session.run(self._arrived, options=_timeout(self._log_every_secs))
-    missing = [n for n, s in zip(self.worker_names, arrived) if s < seq]
-    return missing or [f"{self.worker_names[0]} (all arrived; the chief has not released)"]
+    return [n for n, s in zip(self.worker_names, arrived) if s < seq]
 
   def _log_waiting(self, barrier, epoch, start, missing):
     waited = time.monotonic() - start
@@ -234,10 +233,11 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   def _fail(self, barrier, epoch, start, timeout, missing, why=""):
     flag = ("--epochsync_startup_timeout_secs" if barrier == "start"
             else "--epochsync_barrier_timeout_secs")
+    arrived = f"{self.num_workers - len(missing)}/{self.num_workers} arrived; "
+    who = (f"missing {', '.join(missing)} (check their logs or raise {flag})" if missing else
+           f"{self.worker_names[0]} did not release them (check its log)")
     message = (f'barrier "{barrier}" timed out after {time.monotonic() - start:.0f} s '
-               f"(limit {timeout:g} s) in epoch {epoch} on {self.task_name}: {why}"
-               f"{self.num_workers - len(missing)}/{self.num_workers} arrived; missing "
-               f"{', '.join(missing)} (check their logs or raise {flag})")
+               f"(limit {timeout:g} s) in epoch {epoch} on {self.task_name}: {why}{arrived}{who}")
     logging.error(message)
     raise BarrierTimeoutError(message, missing)
 

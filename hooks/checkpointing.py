@@ -89,6 +89,7 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
     for listener in self._listeners:
       listener.before_save(session, step)
     start = time.monotonic()
+    tf.io.gfile.makedirs(self._dir)
     path = self._get_saver().save(session, epoch_checkpoint_prefix(self._dir, epoch,
                                                                     self._basename),
                                   global_step=step)

@@ -1,0 +1,49 @@
+"""Cluster test task: examples.train plus injected faults (slow steps, a stalled worker).
+
+  --step_sleep_secs=0.2             every step sleeps (so a test can kill mid-epoch)
+  --stall_worker=2 --stall_epoch=1  worker id 2 never reaches the barrier of epoch 1
+"""
+
+import time
+
+from absl import app
+from absl import flags
+import tensorflow as tf
+
+from examples import train
+from hooks.epoch_input import EpochListener
+
+_STEP_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.0, "Sleep after every step.")
+_STALL_WORKER = flags.DEFINE_integer("stall_worker", -1, "Worker id that stalls.")
+_STALL_EPOCH = flags.DEFINE_integer("stall_epoch", 0, "Epoch at whose end it stalls.")
+
+
+class _SlowSteps(tf.compat.v1.train.SessionRunHook):
+
+  def after_run(self, run_context, run_values):
+    time.sleep(_STEP_SLEEP.value)
+
+
+class _Stall(EpochListener):
+  order = 15  # after the done signal, before the barrier
+
+  def epoch_ended(self, session, stats):
+    if stats.epoch == _STALL_EPOCH.value:
+      print(f"stalling before the barrier of epoch {stats.epoch}", flush=True)
+      time.sleep(10_000)
+
+
+def _extra_hooks(config, epoch_input):
+  hooks = [_SlowSteps()] if _STEP_SLEEP.value > 0 else []
+  if config.worker_id == _STALL_WORKER.value:
+    epoch_input.add_listener(_Stall())
+  return hooks
+
+
+def main(argv):
+  del argv
+  train.train(_extra_hooks)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,133 @@
+"""Epoch-synchronized training on real clusters: exact epochs, ordered saves, timeouts, restart."""
+
+import glob
+import os
+import sys
+import time
+
+import pytest
+
+from hooks.audit import read_audit
+from hooks.testing.local_cluster import LocalCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "epoch_task.py")]
+FAST_TIMEOUTS = ["--epochsync_barrier_timeout_secs=60", "--epochsync_startup_timeout_secs=60",
+                 "--epochsync_log_every_secs=2", "--epochsync_warn_after_secs=10"]
+
+
+def _summaries(model_dir):
+  import json
+  out = {}
+  for path in glob.glob(os.path.join(model_dir, "summary-*.json")):
+    with open(path) as f:
+      row = json.load(f)
+    out[row["task"]] = row
+  return out
+
+
+def _checkpoint_value(prefix, name):
+  import tensorflow as tf
+  return tf.train.load_variable(prefix, name)
+
+
+def _run(tmp_path, shards, num_epochs, timeout_secs=90, **cluster_args):
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=" + ",".join(map(str, shards)),
+                    f"--epochsync_num_epochs={num_epochs}"] + FAST_TIMEOUTS
+  with LocalCluster(timeout_secs=timeout_secs, log_dir=str(tmp_path / "logs"),
+                    **cluster_args) as cluster:
+    cluster.start(command)
+    result = cluster.wait()
+  result.check()
+  return model_dir, result, cluster
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("shards,num_epochs,cluster_args", [
+    ((9, 5, 0), 3, dict(num_workers=3, num_ps=1)),
+    ((6, 6, 3, 0), 2, dict(num_workers=4, num_ps=2, has_chief=True)),
+], ids=["3workers-9-5-0", "chief+3workers-2ps-6-6-3-0"])
+def test_every_worker_trains_its_shard_once_per_epoch_and_saves_are_ordered(
+    tmp_path, shards, num_epochs, cluster_args):
+  model_dir, result, cluster = _run(tmp_path, shards, num_epochs, **cluster_args)
+  names = cluster.training_task_names
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == list(range(num_epochs))
+  steps_per_epoch = sum(shards)  # asynchronous SGD: one global step per batch
+  for line in audit:
+    e = line["epoch"]
+    assert {w: s["batches"] for w, s in line["workers"].items()} == dict(zip(names, shards))
+    assert {w: s["examples"] for w, s in line["workers"].items()} == {
+        w: 8 * n for w, n in zip(names, shards)}
+    assert line["global_step"] == steps_per_epoch * (e + 1)
+    # The checkpoint itself proves what had happened when it was written.
+    ckpt = line["checkpoint"]
+    assert os.path.basename(ckpt) == f"model.ckpt-epoch{e:04d}-{steps_per_epoch * (e + 1)}"
+    assert list(_checkpoint_value(ckpt, "epochsync/done_epochs")) == [e + 1] * len(names)
+    assert _checkpoint_value(ckpt, "global_step") == steps_per_epoch * (e + 1)
+    assert _checkpoint_value(ckpt, "epochsync/completed_epochs") == e + 1
+  checkpoints = sorted(glob.glob(os.path.join(model_dir, "model.ckpt-epoch*.index")))
+  assert len(checkpoints) == num_epochs
+  summaries = _summaries(model_dir)
+  assert sorted(summaries) == sorted(names)
+  for name, row in summaries.items():
+    assert row["epochs"] == list(range(num_epochs))
+    assert row["batches"] == [shards[names.index(name)]] * num_epochs
+    for e, line in enumerate(audit):
+      assert row["ended_at"][e] <= line["saved_at"], f"{name} ended epoch {e} after the save"
+      if e + 1 < num_epochs:
+        assert row["started_at"][e + 1] >= line["saved_at"], (
+            f"{name} started epoch {e + 1} before the chief saved epoch {e}")
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_never_reaches_the_barrier_is_named_by_the_others(tmp_path):
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=4,3,2",
+                    "--epochsync_num_epochs=3", "--stall_worker=2", "--stall_epoch=1",
+                    "--epochsync_barrier_timeout_secs=4", "--epochsync_log_every_secs=1",
+                    "--epochsync_warn_after_secs=2"]
+  start = time.monotonic()
+  with LocalCluster(num_workers=3, timeout_secs=60, fail_fast_secs=3,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(command)
+    result = cluster.wait()
+  elapsed = time.monotonic() - start
+  chief, other = result.tasks["worker:0"], result.tasks["worker:1"]
+  assert chief.returncode not in (0, None) and other.returncode not in (0, None)
+  assert "BarrierTimeoutError" in chief.log
+  assert ('barrier "epoch_end" timed out after 4 s (limit 4 s) in epoch 1 on worker:0: '
+          "2/3 arrived; missing worker:2") in chief.log
+  assert "in epoch 1 on worker:1: the chief gave up: 2/3 arrived; missing worker:2" in (
+      other.log)
+  assert "still waiting at epoch_end, epoch 1" in chief.log and "missing worker:2" in chief.log
+  assert result.tasks["worker:2"].timed_out  # it really never arrived; the launcher killed it
+  assert [line["epoch"] for line in read_audit(model_dir)] == [0]
+  assert elapsed < 40
+
+
+@pytest.mark.timeout(180)
+def test_restart_after_kill_in_epoch_2_trains_only_epochs_2_and_3(tmp_path):
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=8,5,3",
+                    "--epochsync_num_epochs=3", "--step_sleep_secs=0.25"] + FAST_TIMEOUTS
+  with LocalCluster(num_workers=3, timeout_secs=60, log_dir=str(tmp_path / "logs1")) as first:
+    first.start(command)
+    deadline = time.monotonic() + 50
+    while time.monotonic() < deadline and len(read_audit(model_dir)) < 1:
+      time.sleep(0.1)
+    time.sleep(0.8)  # well inside epoch index 1 (it lasts about 2 s)
+    assert len(read_audit(model_dir)) == 1, "the first run did not stop inside epoch 2"
+  # `with` killed every task mid-epoch; relaunch on the same model_dir.
+  assert not _summaries(model_dir)
+  with LocalCluster(num_workers=3, timeout_secs=90, log_dir=str(tmp_path / "logs2")) as second:
+    second.start(command)
+    result = second.wait()
+  result.check()
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1, 2]
+  assert [line["global_step"] for line in audit] == [16, 32, 48]
+  for name, row in _summaries(model_dir).items():
+    assert row["epochs"] == [1, 2], f"{name} re-trained an epoch after the restart"
