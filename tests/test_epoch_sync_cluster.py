@@ -48,7 +48,9 @@ def _run(tmp_path, shards, num_epochs, timeout_secs=90, **cluster_args):
 @pytest.mark.parametrize("shards,num_epochs,cluster_args", [
     ((9, 5, 0), 3, dict(num_workers=3, num_ps=1)),
     ((6, 6, 3, 0), 2, dict(num_workers=4, num_ps=2, has_chief=True)),
-], ids=["3workers-9-5-0", "chief+3workers-2ps-6-6-3-0"])
+    ((3,), 2, dict(num_workers=1, num_ps=1)),
+    ((3, 0, 2, 1, 4, 0, 1, 2), 2, dict(num_workers=8, num_ps=2)),
+], ids=["3workers-9-5-0", "chief+3workers-2ps-6-6-3-0", "1worker", "8workers-2ps"])
 def test_every_worker_trains_its_shard_once_per_epoch_and_saves_are_ordered(
     tmp_path, shards, num_epochs, cluster_args):
   model_dir, result, cluster = _run(tmp_path, shards, num_epochs, **cluster_args)
