@@ -1,0 +1,265 @@
+"""Synchronous SGD that aggregates each step over the workers still active in the epoch.
+
+Per step, with all queues on global_step's ps task (one marker queue, one token queue per worker):
+
+    worker i   apply_grad(grads, local_step) -> marker (i, GRAD, local_step) -> token_q[i].dequeue
+    worker i   at the end of its shard (DONE_OPS):  marker (i, DONE, local_step)
+    chief      n = num_active; markers = dequeue_many(n); g = #GRAD; if g > 0: assert every GRAD
+               step == global_step, take_grad(g), mean, apply, global_step += 1, one token to each
+               GRAD sender; num_active = g, or num_workers when g == 0 (the epoch is over)
+
+Why dequeue_many(n) takes exactly one step's markers: each of the n active workers sends one
+marker per step; a worker sends its step s+1 marker only after its step-s token, which is
+enqueued only after all n step-s markers were dequeued; a DONE worker sends nothing more in the
+epoch, and the epoch barrier releases epoch e+1 only after every DONE of epoch e was enqueued
+(FIFO: they are dequeued first). take_grad(g) cannot block: each GRAD marker is enqueued after
+its gradients were applied, and a gradient whose local_step != global_step (silently dropped by
+the accumulator) fails the assert with the stale count instead of hanging.
+
+Typical usage:
+  opt = WorkerDoneSyncReplicasOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                                        num_workers=config.num_workers, worker_id=config.worker_id)
+  train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+  hooks = [opt.make_session_run_hook(config.is_chief, num_tokens=0)]  # + the epoch hooks
+"""
+
+import dataclasses
+from typing import Any, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from hooks import graph_keys
+from hooks.errors import ConfigError
+from hooks.tokens import SafeSyncTokensHook
+
+__all__ = ["WorkerDoneSyncReplicasOptimizer", "SyncOps", "GRAD", "DONE", "STOP"]
+
+_v1 = tf.compat.v1
+GRAD, DONE, STOP = 0, 1, 2  # Marker kinds; STOP ends the chief's loop (SafeSyncTokensHook.end).
+_PROGRESS_DONE, _PROGRESS_ACTIVE = -1, -2  # progress[i]: step of i's last GRAD marker, or these.
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncOps:
+  """The graph pieces apply_gradients() built; SafeSyncTokensHook and tests use them."""
+  train_op: tf.Tensor              # Every worker, once per step: returns the new local_step.
+  done_op: tf.Operation            # Every worker, once per epoch after its last step (DONE_OPS).
+  refresh_local_step_op: tf.Operation  # Every worker, at every epoch start (EPOCH_START_OPS).
+  local_step_init_op: tf.Tensor    # Every worker, after its session is created.
+  chief_init_op: tf.Operation      # The chief, before aggregating.
+  aggregate_op: Tuple[tf.Tensor, ...]  # The chief, in a loop: (#GRAD, #DONE, epochs, stopped).
+  stop_op: tf.Operation            # The chief: num_workers STOP markers end the loop cleanly.
+  close_markers_op: tf.Operation   # The chief: fails a blocked aggregation (error paths).
+  diagnostics: Tuple[tf.Tensor, tf.Tensor]  # (global_step, progress vector) for the watchdog.
+  completed_epochs: tf.Variable    # Epochs whose every DONE marker the chief has consumed.
+
+
+class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
+  """A SyncReplicasOptimizer that never hangs on uneven shards: done workers leave the step.
+
+  Use it like tf.compat.v1.train.SyncReplicasOptimizer with between-graph replication, plus hooks
+  that run graph_keys.EPOCH_START_OPS at each epoch start and DONE_OPS when a shard is exhausted.
+
+    opt = WorkerDoneSyncReplicasOptimizer(sgd, num_workers=3, worker_id=config.worker_id)
+    train_op = opt.minimize(loss, global_step=global_step)
+    hook = opt.make_session_run_hook(config.is_chief, num_tokens=0, step_timeout_secs=600)
+
+  Dense gradients use ConditionalAccumulator, IndexedSlices use SparseConditionalAccumulator
+  (SUM, then divided here: a row absent from a worker's gradient counts as zero, unlike stock's
+  per-row MEAN). Shared state lives on the ps tasks under `shared_name`s starting with `name`.
+
+  Args:
+    opt: `tf.compat.v1.train.Optimizer` that applies the aggregated gradients.
+    num_workers: `int` training tasks (chief + workers), >= 1.
+    worker_id: `int` this task's index in [0, num_workers) (ClusterConfig.worker_id).
+    divide_by_initial_workers: `bool` divide the summed gradients by num_workers instead of by
+      the number of workers that contributed to the step.
+    worker_names: `Sequence[str]` task names for messages (default "worker:0"...).
+    name: `str` prefix of the ops and of the shared queue / accumulator names.
+
+  Raises:
+    ConfigError: a bad argument (message names it, its value and the rule).
+  """
+
+  def __init__(self, opt: _v1.train.Optimizer, num_workers: int, worker_id: int,
+               divide_by_initial_workers: bool = False,
+               worker_names: Optional[Sequence[str]] = None,
+               name: str = "worker_done_sync_replicas"):
+    problems = []
+    if not isinstance(opt, _v1.train.Optimizer):
+      problems.append(f"opt={opt!r} is not a tf.compat.v1.train.Optimizer")
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+      problems.append(f"num_workers={num_workers!r} must be an integer >= 1")
+    elif not isinstance(worker_id, int) or not 0 <= worker_id < num_workers:
+      problems.append(f"worker_id={worker_id!r} is out of range: it must be in [0, {num_workers})"
+                      " (pass ClusterConfig.worker_id)")
+    names = tuple(worker_names or [f"worker:{i}" for i in range(max(int(num_workers), 0))])
+    if worker_names is not None and len(names) != num_workers:
+      problems.append(f"worker_names has {len(names)} names but num_workers={num_workers}")
+    if problems:
+      raise ConfigError("invalid WorkerDoneSyncReplicasOptimizer arguments:\n  - "
+                        + "\n  - ".join(problems))
+    super().__init__(use_locking=False, name=name)
+    self._opt, self._num_workers, self._worker_id = opt, num_workers, worker_id
+    self._divide_by_initial = bool(divide_by_initial_workers)
+    self.worker_names = names
+    self.sync_ops: Optional[SyncOps] = None
+
+  num_workers = property(lambda self: self._num_workers)
+  worker_id = property(lambda self: self._worker_id)
+
+  def compute_gradients(self, *args, **kwargs) -> List[Tuple[Any, tf.Variable]]:
+    """The wrapped optimizer's compute_gradients()."""
+    return self._opt.compute_gradients(*args, **kwargs)
+
+  def get_slot(self, *args, **kwargs):
+    return self._opt.get_slot(*args, **kwargs)
+
+  def get_slot_names(self, *args, **kwargs):
+    return self._opt.get_slot_names(*args, **kwargs)
+
+  def variables(self):
+    return self._opt.variables()
+
+  def make_session_run_hook(self, is_chief: bool, num_tokens: int = 0,
+                            **kwargs) -> SafeSyncTokensHook:
+    """A SafeSyncTokensHook (kwargs: step_timeout_secs, warn_after_secs, log_every_secs)."""
+    return SafeSyncTokensHook(self, is_chief, num_tokens=num_tokens, **kwargs)
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> tf.Tensor:
+    """Builds the worker step, the DONE marker and the chief's aggregation; returns train_op.
+
+    Raises:
+      ConfigError: no gradients, no global_step, or called twice.
+    """
+    grads_and_vars = [(g, v) for g, v in grads_and_vars]
+    if not any(g is not None for g, _ in grads_and_vars):
+      raise ConfigError("apply_gradients got no gradients: pass the output of compute_gradients()")
+    if global_step is None:
+      raise ConfigError("global_step=None: pass tf.compat.v1.train.get_or_create_global_step(), "
+                        "it checks staleness and numbers the tokens")
+    if self.sync_ops is not None:
+      raise ConfigError("apply_gradients() was already called: build one train_op per optimizer")
+    n_workers, wid, dev = self._num_workers, self._worker_id, global_step.device
+    gs_dtype = global_step.dtype.base_dtype
+    local_anchor = tf.no_op(name=f"{self._name}_local_anchor")
+    with _v1.get_default_graph().colocate_with(local_anchor):  # Keeps these off the ps tasks.
+      local_step = _v1.Variable(0, trainable=False, dtype=gs_dtype, name=f"{self._name}_local_step",
+                                collections=[_v1.GraphKeys.LOCAL_VARIABLES])
+      num_active = _v1.Variable(n_workers, trainable=False, dtype=tf.int32,
+                                name=f"{self._name}_num_active",
+                                collections=[_v1.GraphKeys.LOCAL_VARIABLES])
+    with tf.name_scope(self._name), tf.device(dev):
+      markers = tf.queue.FIFOQueue(-1, [tf.int32, tf.int32, tf.int64], shapes=[(), (), ()],
+                                   name="marker_q", shared_name=f"{self._name}/marker_q")
+      tokens = [tf.queue.FIFOQueue(-1, gs_dtype, shapes=[()], name=f"token_q_{i}",
+                                   shared_name=f"{self._name}/token_q_{i}")
+                for i in range(n_workers)]
+      progress = _v1.Variable(tf.fill([n_workers], tf.constant(_PROGRESS_ACTIVE, tf.int64)),
+                              trainable=False, name="progress")
+      completed_epochs = _v1.Variable(0, trainable=False, dtype=tf.int64, name="completed_epochs")
+
+    applies, accums = [], []
+    with tf.name_scope(self._name):
+      for grad, var in grads_and_vars:
+        if grad is None:
+          continue
+        with tf.device(var.device):
+          shared = f"{var.name}/{self._name}/grad_accum"
+          if isinstance(grad, tf.IndexedSlices):
+            accum = _v1.SparseConditionalAccumulator(grad.dtype, var.shape, shared_name=shared,
+                                                     reduction_type="SUM")
+            applies.append(accum.apply_indexed_slices_grad(_dedupe(grad), local_step))
+          else:
+            accum = _v1.ConditionalAccumulator(grad.dtype, var.shape, shared_name=shared,
+                                               reduction_type="SUM")
+            applies.append(accum.apply_grad(grad, local_step))
+        accums.append((accum, var))
+
+      def _mark(kind: int, step_record):
+        with tf.device(dev):
+          return [markers.enqueue((wid, kind, tf.cast(local_step, tf.int64))),
+                  _v1.scatter_update(progress, [wid], tf.reshape(step_record, [1]))]
+
+      with tf.control_dependencies(applies):
+        grad_marked = _mark(GRAD, tf.cast(local_step, tf.int64))
+      with tf.control_dependencies(grad_marked), tf.device(dev):
+        token = tokens[wid].dequeue()
+      train_op = local_step.assign(token, name=name or "train_op")
+      done_op = tf.group(*_mark(DONE, tf.constant(_PROGRESS_DONE, tf.int64)), name="done")
+      local_step_init = local_step.assign(global_step)
+      with tf.device(dev):
+        active = _v1.scatter_update(progress, [wid], [tf.constant(_PROGRESS_ACTIVE, tf.int64)])
+      refresh = tf.group(local_step_init, active, name="refresh_local_step")
+      chief_init = tf.group([local_step_init] + [a.set_global_step(global_step) for a, _ in accums])
+      aggregate = self._aggregate_op(num_active, markers, tokens, accums, global_step,
+                                     completed_epochs)
+      with tf.device(dev):
+        stop = markers.enqueue_many((tf.fill([n_workers], wid), tf.fill([n_workers], STOP),
+                                     tf.zeros([n_workers], tf.int64)))
+        close = markers.close(cancel_pending_enqueues=False)
+        diagnostics = (tf.identity(global_step), progress.read_value())
+    _v1.add_to_collection(graph_keys.DONE_OPS, done_op)
+    _v1.add_to_collection(graph_keys.EPOCH_START_OPS, refresh)
+    self.sync_ops = SyncOps(train_op, done_op, refresh, local_step_init, chief_init, aggregate,
+                            stop, close, diagnostics, completed_epochs)
+    return train_op
+
+  def _aggregate_op(self, num_active, markers, tokens, accums, global_step, completed_epochs):
+    """One run: dequeue one step's markers, apply the mean of its gradients, hand out tokens."""
+    with tf.device(global_step.device):
+      n = num_active.read_value()
+      ids, kinds, steps = markers.dequeue_many(n)
+      is_grad = tf.equal(kinds, GRAD)
+      g = tf.reduce_sum(tf.cast(is_grad, tf.int32))
+      d = tf.reduce_sum(tf.cast(tf.equal(kinds, DONE), tf.int32))
+      stopped = tf.reduce_any(tf.equal(kinds, STOP))  # Then change nothing.
+      grad_ids, grad_steps = tf.boolean_mask(ids, is_grad), tf.boolean_mask(steps, is_grad)
+
+    def _update():
+      with tf.device(global_step.device):
+        step_now = tf.cast(tf.identity(global_step), tf.int64)
+        stale = tf.not_equal(grad_steps, step_now)
+        check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(stale)), [
+            "WorkerDoneSyncReplicasOptimizer: stale gradient(s), count:",
+            tf.reduce_sum(tf.cast(stale, tf.int32)), "from worker ids:",
+            tf.boolean_mask(grad_ids, stale), "with local_step:", tf.boolean_mask(grad_steps, stale),
+            "but global_step is", step_now, "; the accumulators dropped them. Every worker must "
+            "run graph_keys.EPOCH_START_OPS at each epoch start."], summarize=64)
+      divisor = self._num_workers if self._divide_by_initial else g
+      taken = []
+      with tf.control_dependencies([check]):
+        for accum, var in accums:
+          with tf.device(var.device):
+            scale = 1.0 / tf.cast(divisor, accum.dtype)
+            if isinstance(accum, _v1.SparseConditionalAccumulator):
+              s = accum.take_indexed_slices_grad(g)
+              taken.append((tf.IndexedSlices(s.values * scale, s.indices, s.dense_shape), var))
+            else:
+              taken.append((accum.take_grad(g) * scale, var))
+      with tf.device(global_step.device):
+        update = self._opt.apply_gradients(taken, global_step)
+        with tf.control_dependencies([update]):
+          new_step = tf.identity(global_step)
+          counts = tf.math.unsorted_segment_sum(tf.ones_like(grad_ids), grad_ids, len(tokens))
+          enqueued = [q.enqueue_many(tf.fill(counts[i:i + 1], new_step))
+                      for i, q in enumerate(tokens)]
+        with tf.control_dependencies(enqueued):
+          return tf.identity(g)
+
+    with tf.device(global_step.device):
+      applied = _v1.cond(tf.logical_and(g > 0, tf.logical_not(stopped)), _update,
+                         lambda: tf.identity(g))
+      epoch_over = tf.logical_and(tf.equal(applied, 0), tf.logical_not(stopped))
+      with tf.control_dependencies([num_active.assign(
+          tf.where(stopped, n, tf.where(epoch_over, self._num_workers, applied)))]):
+        epochs = completed_epochs.assign_add(tf.cast(epoch_over, tf.int64))
+      return tf.identity(g), tf.identity(d), tf.identity(epochs), tf.identity(stopped)
+
+
+def _dedupe(grad: tf.IndexedSlices) -> tf.IndexedSlices:
+  """Sorted unique indices with summed rows: the sparse accumulator assumes them when merging."""
+  unique, position = tf.unique(grad.indices)
+  summed = tf.math.unsorted_segment_sum(grad.values, position, tf.size(unique))
+  order = tf.argsort(unique)
+  return tf.IndexedSlices(tf.gather(summed, order), tf.gather(unique, order), grad.dense_shape)

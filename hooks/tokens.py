@@ -1,0 +1,217 @@
+"""The session hook of WorkerDoneSyncReplicasOptimizer: chief aggregation, bounded steps, clean stop.
+
+Typical usage:
+  hook = opt.make_session_run_hook(config.is_chief, num_tokens=0, step_timeout_secs=600)
+  with tf.compat.v1.train.MonitoredTrainingSession(master=target, is_chief=config.is_chief,
+                                                   hooks=[hook]) as sess:
+    while not sess.should_stop(): sess.run(train_op)
+"""
+
+import math
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from absl import logging
+import tensorflow as tf
+
+from hooks.errors import ConfigError, StepTimeoutError
+
+__all__ = ["SafeSyncTokensHook"]
+
+_v1 = tf.compat.v1
+_RUN_GRACE_SECS = 2.0  # A step's run deadline comes this long after the watchdog's named error.
+_READ_TIMEOUT_MS = 2000  # Bound of the watchdog's progress read and of closing the marker queue.
+_JOIN_SECS = 10.0
+_PROGRESS_DONE = -1  # As in hooks.sync_optimizer (not imported: that module imports this one).
+_FLAG = "--epochsync_step_timeout_secs"
+
+
+class SafeSyncTokensHook(_v1.train.SessionRunHook):
+  """Runs the chief's aggregation thread, bounds every step and stops without noise.
+
+  Returned by WorkerDoneSyncReplicasOptimizer.make_session_run_hook(); give one to every task.
+  A step (a run that fetches the optimizer's train_op) gets a run deadline; past
+  `warn_after_secs` a WARNING every `log_every_secs` names the workers whose gradient is missing,
+  and at `step_timeout_secs` the session stops with a StepTimeoutError naming them.
+
+    hook = opt.make_session_run_hook(is_chief, num_tokens=0, step_timeout_secs=600)
+    with tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=[hook]) as sess:
+      sess.run(train_op)
+
+  Args:
+    sync_optimizer: `WorkerDoneSyncReplicasOptimizer` whose apply_gradients() was called.
+    is_chief: `bool` run the aggregation thread (exactly one task must).
+    num_tokens: `int` must be 0: no initial tokens.
+    step_timeout_secs: `float` > 0, longest wait of one step for its token.
+    warn_after_secs: `float` > 0, a step waiting longer logs who is missing.
+    log_every_secs: `float` > 0, period of those WARNINGs.
+    clock: `Callable[[], float]` monotonic clock (tests inject one).
+
+  Raises:
+    ConfigError: num_tokens != 0 or a non-positive duration; in begin(), if apply_gradients()
+      was not called.
+  """
+
+  def __init__(self, sync_optimizer: Any, is_chief: bool, num_tokens: int = 0,
+               step_timeout_secs: float = 600.0, warn_after_secs: float = 60.0,
+               log_every_secs: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    problems = [] if num_tokens == 0 else [
+        f"num_tokens={num_tokens!r} is not supported: it must be 0. Initial tokens let a task "
+        "train before every worker joined or take a peer's token (tensorflow issue 11753); "
+        "call make_session_run_hook(is_chief, num_tokens=0)"]
+    for name, value in (("step_timeout_secs", step_timeout_secs),
+                        ("warn_after_secs", warn_after_secs), ("log_every_secs", log_every_secs)):
+      if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        problems.append(f"{name}={value!r} must be a finite number of seconds > 0")
+    if problems:
+      raise ConfigError("invalid SafeSyncTokensHook arguments:\n  - " + "\n  - ".join(problems))
+    if warn_after_secs >= step_timeout_secs:
+      warnings.warn(f"warn_after_secs={warn_after_secs} >= step_timeout_secs={step_timeout_secs}:"
+                    " a stuck step fails before any warning", stacklevel=3)
+    self._opt, self._is_chief, self._clock = sync_optimizer, bool(is_chief), clock
+    self._timeout, self._warn_after, self._log_every = (
+        float(step_timeout_secs), float(warn_after_secs), float(log_every_secs))
+    self._names: Sequence[str] = sync_optimizer.worker_names
+    self.task_name = self._names[sync_optimizer.worker_id]
+    self._lock = threading.Lock()
+    self._step_started: Optional[float] = None
+    self._next_warn: Optional[float] = None
+    self._stopping = threading.Event()
+    self._threads: List[threading.Thread] = []
+    self.num_updates = 0  # Chief only: aggregation runs that applied gradients.
+    self.num_aggregations = 0
+
+  def begin(self) -> None:
+    self._ops = self._opt.sync_ops
+    if self._ops is None:
+      raise ConfigError("SafeSyncTokensHook needs the optimizer's train_op: call opt.minimize() or "
+                        "opt.apply_gradients(..., global_step) before creating the session")
+    self._train_names = {self._ops.train_op.name, self._ops.train_op.op.name}
+
+  def after_create_session(self, session, coord) -> None:
+    self._stopping.clear()
+    session.run(self._ops.local_step_init_op)
+    self._threads = [threading.Thread(target=self._watch, args=(session, coord), daemon=True,
+                                      name=f"epochsync-watchdog-{self.task_name}")]
+    if self._is_chief:
+      session.run(self._ops.chief_init_op)
+      self._threads.append(threading.Thread(target=self._aggregate, args=(session, coord),
+                                            daemon=True, name="epochsync-aggregation"))
+      logging.info("%s aggregating gradients of %d workers", self.task_name, len(self._names))
+    for thread in self._threads:
+      coord.register_thread(thread)
+      thread.start()
+
+  def before_run(self, run_context):
+    fetches = tf.nest.flatten(run_context.original_args.fetches)
+    if not self._train_names.intersection(getattr(f, "name", f) for f in fetches):
+      return None
+    with self._lock:
+      self._step_started, self._next_warn = self._clock(), None
+    deadline_ms = int((self._timeout + _RUN_GRACE_SECS) * 1000)
+    return _v1.train.SessionRunArgs(None, options=_v1.RunOptions(timeout_in_ms=deadline_ms))
+
+  def after_run(self, run_context, run_values) -> None:
+    with self._lock:
+      self._step_started = None
+
+  def end(self, session) -> None:
+    """Stops the threads: STOP markers end the aggregation run cleanly, then the queue closes."""
+    self._stopping.set()
+    if self._is_chief:
+      self._run_bounded(session, self._ops.stop_op, "send the STOP markers")
+    for thread in self._threads[::-1]:
+      thread.join(_JOIN_SECS)
+      if thread.is_alive() and self._is_chief:  # Still blocked: fail its dequeue instead.
+        self._run_bounded(session, self._ops.close_markers_op, "close the marker queue")
+        thread.join(_JOIN_SECS)
+      if thread.is_alive():
+        logging.warning("%s: thread %s did not stop within %.0f s", self.task_name, thread.name,
+                        _JOIN_SECS)
+    if self._is_chief:  # Late markers now fail loudly instead of waiting for a token forever.
+      self._run_bounded(session, self._ops.close_markers_op, "close the marker queue")
+
+  def _run_bounded(self, session, op, what: str) -> None:
+    try:
+      session.run(op, options=_v1.RunOptions(timeout_in_ms=_READ_TIMEOUT_MS))
+    except tf.errors.OpError as e:
+      logging.warning("%s: could not %s: %s", self.task_name, what, e.message)
+
+  def _aggregate(self, session, coord) -> None:
+    """Chief thread: one aggregate_op per step until the marker queue is closed."""
+    updates_at_epoch_start = 0
+    try:
+      while not coord.should_stop():  # Ends on end()'s STOP markers or a closed marker queue.
+        grads, _, epochs, stopped = session.run(self._ops.aggregate_op)
+        if stopped:
+          logging.info("%s: aggregation stopped after %d updates", self.task_name,
+                       self.num_updates)
+          return
+        self.num_aggregations += 1
+        self.num_updates += int(grads > 0)
+        if grads == 0:
+          logging.info("%s: epoch %d aggregated in %d synchronous steps", self.task_name, epochs - 1,
+                       self.num_updates - updates_at_epoch_start)
+          updates_at_epoch_start = self.num_updates
+    except tf.errors.OutOfRangeError:
+      logging.info("%s: aggregation stopped (marker queue closed) after %d updates",
+                   self.task_name, self.num_updates)
+    except Exception as e:  # pylint: disable=broad-except
+      if isinstance(e, tf.errors.CancelledError) and (self._stopping.is_set() or
+                                                      coord.should_stop()):
+        return  # The session was closed under a stopping thread.
+      logging.error("%s: the gradient aggregation failed: %s", self.task_name, e)
+      coord.request_stop(sys.exc_info())
+
+  def _watch(self, session, coord) -> None:
+    """Every task's watchdog thread; it ends with the session (end() or a coordinator stop)."""
+    tick = min(0.5, self._warn_after / 2, self._timeout / 4)
+    read = lambda: session.run(self._ops.diagnostics,
+                               options=_v1.RunOptions(timeout_in_ms=_READ_TIMEOUT_MS))
+    while not self._stopping.is_set() and not coord.wait_for_stop(tick):
+      self.check(coord, read)
+    if self._is_chief and not self._stopping.is_set():  # A stop without end(): an error path.
+      self._run_bounded(session, self._ops.close_markers_op, "close the marker queue")
+
+  def check(self, coord, read: Callable[[], Tuple[int, Sequence[int]]]) -> None:
+    """Warns about or times out the running step; `read` returns (global_step, progress)."""
+    now = self._clock()
+    with self._lock:
+      if self._step_started is None:
+        return
+      started = self._step_started
+      if now - started >= self._timeout:
+        self._step_started = None  # Fire once.
+      elif now - started < self._warn_after or (self._next_warn is not None and
+                                                 now < self._next_warn):
+        return
+      else:
+        self._next_warn = now + self._log_every
+    waited = now - started
+    step, summary, missing = self._describe(read)
+    if waited < self._timeout:
+      logging.warning("%s has waited %.0f s for step %s: %s", self.task_name, waited, step, summary)
+      return
+    error = StepTimeoutError(f"step {step} timed out after {waited:.0f} s on {self.task_name}: "
+                             f"{summary}", missing)
+    logging.error("%s", error)
+    coord.request_stop((StepTimeoutError, error, None))
+
+  def _describe(self, read) -> Tuple[str, str, List[str]]:
+    """(step, "k/N workers sent their gradient; missing ... (fix)", missing task names)."""
+    try:
+      step, progress = read()
+    except tf.errors.OpError as e:
+      return "?", (f"could not read the workers' progress from the ps ({e.message}); check the ps "
+                   f"tasks' logs or raise {_FLAG}"), []
+    active = [i for i, p in enumerate(progress) if p != _PROGRESS_DONE]
+    missing = [self._names[i] for i in active if progress[i] < step]
+    if not missing:
+      return step, (f"all {len(active)} active workers sent their gradient but no token came; "
+                    f"check the aggregation in {self._names[0]}'s log or raise {_FLAG}"), []
+    whose = "its log" if len(missing) == 1 else "their logs"
+    return step, (f"{len(active) - len(missing)}/{len(active)} workers sent their gradient; "
+                  f"missing {', '.join(missing)} (check {whose} or raise {_FLAG})"), missing
