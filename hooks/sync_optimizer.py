@@ -216,40 +216,38 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
       stopped = tf.reduce_any(tf.equal(kinds, STOP))  # Then change nothing.
       grad_ids, grad_steps = tf.boolean_mask(ids, is_grad), tf.boolean_mask(steps, is_grad)
 
-    def _update():
-      with tf.device(global_step.device):
-        step_now = tf.cast(tf.identity(global_step), tf.int64)
-        stale = tf.not_equal(grad_steps, step_now)
-        check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(stale)), [
-            "WorkerDoneSyncReplicasOptimizer: stale gradient(s), count:",
-            tf.reduce_sum(tf.cast(stale, tf.int32)), "from worker ids:",
-            tf.boolean_mask(grad_ids, stale), "with local_step:", tf.boolean_mask(grad_steps, stale),
-            "but global_step is", step_now, "; the accumulators dropped them. Every worker must "
-            "run graph_keys.EPOCH_START_OPS at each epoch start."], summarize=64)
-      divisor = self._num_workers if self._divide_by_initial else g
-      taken = []
-      with tf.control_dependencies([check]):
-        for accum, var in accums:
-          with tf.device(var.device):
-            scale = 1.0 / tf.cast(divisor, accum.dtype)
-            if isinstance(accum, _v1.SparseConditionalAccumulator):
-              s = accum.take_indexed_slices_grad(g)
-              taken.append((tf.IndexedSlices(s.values * scale, s.indices, s.dense_shape), var))
-            else:
-              taken.append((accum.take_grad(g) * scale, var))
-      with tf.device(global_step.device):
-        update = self._opt.apply_gradients(taken, global_step)
-        with tf.control_dependencies([update]):
-          new_step = tf.identity(global_step)
-          counts = tf.math.unsorted_segment_sum(tf.ones_like(grad_ids), grad_ids, len(tokens))
-          enqueued = [q.enqueue_many(tf.fill(counts[i:i + 1], new_step))
-                      for i, q in enumerate(tokens)]
-        with tf.control_dependencies(enqueued):
-          return tf.identity(g)
-
+      # A hand-built Switch/Merge, not tf.cond: cond_v2 cannot capture the sparse accumulators'
+      # ref handles. Every op of the update depends on g_on, so all are dead when it is skipped.
+      g_off, g_on = tf.raw_ops.Switch(data=g, pred=tf.logical_and(g > 0, tf.logical_not(stopped)))
+      step_now = tf.cast(tf.identity(global_step), tf.int64)
+      stale = tf.not_equal(grad_steps, step_now)
+      check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(stale)), [
+          "WorkerDoneSyncReplicasOptimizer: stale gradient(s), count:",
+          tf.reduce_sum(tf.cast(stale, tf.int32)), "from worker ids:",
+          tf.boolean_mask(grad_ids, stale), "with local_step:", tf.boolean_mask(grad_steps, stale),
+          "but global_step is", step_now, "; the accumulators dropped them. Every worker must "
+          "run graph_keys.EPOCH_START_OPS at each epoch start."], summarize=64)
+    divisor = self._num_workers if self._divide_by_initial else g_on
+    taken = []
+    with tf.control_dependencies([check]):
+      for accum, var in accums:
+        with tf.device(var.device):
+          scale = 1.0 / tf.cast(divisor, accum.dtype)
+          if isinstance(accum, _v1.SparseConditionalAccumulator):
+            s = accum.take_indexed_slices_grad(g_on)
+            taken.append((tf.IndexedSlices(s.values * scale, s.indices, s.dense_shape), var))
+          else:
+            taken.append((accum.take_grad(g_on) * scale, var))
     with tf.device(global_step.device):
-      applied = _v1.cond(tf.logical_and(g > 0, tf.logical_not(stopped)), _update,
-                         lambda: tf.identity(g))
+      update = self._opt.apply_gradients(taken, global_step)
+      with tf.control_dependencies([update]):
+        new_step = tf.identity(global_step)
+        counts = tf.math.unsorted_segment_sum(tf.ones_like(grad_ids), grad_ids, len(tokens))
+        enqueued = [q.enqueue_many(tf.fill(counts[i:i + 1], new_step))
+                    for i, q in enumerate(tokens)]
+      with tf.control_dependencies(enqueued):
+        g_updated = tf.identity(g_on)
+      applied = tf.raw_ops.Merge(inputs=[g_off, g_updated]).output
       epoch_over = tf.logical_and(tf.equal(applied, 0), tf.logical_not(stopped))
       with tf.control_dependencies([num_active.assign(
           tf.where(stopped, n, tf.where(epoch_over, self._num_workers, applied)))]):

@@ -1,0 +1,228 @@
+"""WorkerDoneSyncReplicasOptimizer: equal to the numpy oracle on uneven shards, where stock hangs."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from hooks.errors import ConfigError
+from hooks.testing import oracle
+from hooks.testing.local_cluster import LocalCluster
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tasks"))
+import sync_data  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "sync_linear.py")]
+NOISE = ("Exception in thread", "TakeGrad operation was cancelled", "Traceback")
+EPOCHS = 2
+
+
+def _optimizer(num_workers=3, worker_id=0, **kwargs):
+  import tensorflow as tf
+  from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+  sgd = tf.compat.v1.train.GradientDescentOptimizer(sync_data.LEARNING_RATE)
+  return WorkerDoneSyncReplicasOptimizer(sgd, num_workers, worker_id, **kwargs)
+
+
+def _train(shards, tmp_path, *, model="linear", num_ps=1, extra=(), timeout_secs=50):
+  """Runs the sync task on a LocalCluster; returns (ClusterResult, {task: report})."""
+  args = [f"--shard_batches={','.join(map(str, shards))}", f"--model={model}",
+          f"--output_dir={tmp_path}", f"--epochsync_num_epochs={EPOCHS}",
+          "--epochsync_step_timeout_secs=30", "--epochsync_warn_after_secs=10", *extra]
+  with LocalCluster(num_workers=len(shards), num_ps=num_ps, timeout_secs=timeout_secs,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(TASK + args)
+    result = cluster.wait()
+  reports = {}
+  for name in result.tasks:
+    path = tmp_path / (name.replace(":", "-") + ".json")
+    if path.exists():
+      reports[name] = json.loads(path.read_text())
+  return result, reports
+
+
+def _assert_exact(result, reports, shards, data, params0, gradients, divide=False):
+  result.check()
+  for name, task in result.tasks.items():
+    assert not [n for n in NOISE if n in task.log], f"{name} log has shutdown noise"
+  for i, n in enumerate(shards):  # Every example exactly once per epoch, on every worker.
+    assert reports[f"worker:{i}"]["examples_per_epoch"] == [n * 4] * EPOCHS
+  want, want_step = oracle.lockstep_sgd(params0, data, gradients, sync_data.LEARNING_RATE,
+                                        EPOCHS, divide_by_initial_workers=divide)
+  chief = reports["worker:0"]
+  assert chief["global_step"] == want_step == EPOCHS * max(shards)
+  for k, v in want.items():
+    np.testing.assert_allclose(np.array(chief["params"][k]), v, rtol=0, atol=1e-5, err_msg=k)
+  assert max(np.abs(v).max() for v in want.values()) > 0.1  # Training moved the parameters.
+
+
+class TestLockstepSgdOracle:
+  """hooks.testing.oracle against values derived by hand."""
+
+  # Worker 0: x=1, y=2 then x=1, y=3; worker 1: x=2, y=0 (one batch); w = b = 0, lr = 0.5.
+  # Step 0: residuals -2 and 0: grads (dw, db) = (-4, -4) and (0, 0), mean (-2, -2) -> w = b = 1.
+  # Step 1: only worker 0: pred 2, residual -1, grad (-2, -2): mean over 1 -> w = b = 2,
+  #         or divided by the 2 initial workers -> w = b = 1.5.
+  SHARDS = [[(np.array([[1.0]]), np.array([2.0])), (np.array([[1.0]]), np.array([3.0]))],
+            [(np.array([[2.0]]), np.array([0.0]))]]
+
+  @pytest.mark.parametrize("divide, want", [(False, 2.0), (True, 1.5)])
+  def test_two_steps_by_hand(self, divide, want):
+    params, step = oracle.lockstep_sgd({"w": np.zeros(1), "b": np.zeros(())}, self.SHARDS,
+                                       oracle.linear_mse_gradients, 0.5,
+                                       divide_by_initial_workers=divide)
+    assert step == 2
+    np.testing.assert_allclose(params["w"], [want])
+    np.testing.assert_allclose(params["b"], want)
+
+  def test_epochs_repeat_and_empty_shards_count_no_step(self):
+    params, step = oracle.lockstep_sgd({"w": np.zeros(1), "b": np.zeros(())},
+                                       self.SHARDS + [[]], oracle.linear_mse_gradients, 0.5,
+                                       num_epochs=3)
+    assert step == 3 * 2
+    _, no_step = oracle.lockstep_sgd({"b": np.zeros(())}, [[], []], oracle.linear_mse_gradients,
+                                     0.5, num_epochs=2)
+    assert no_step == 0
+
+  def test_embedding_gradient_sums_repeated_ids(self):
+    params = {"emb": np.zeros((3, 2)), "b": np.zeros(())}
+    grads = oracle.embedding_mse_gradients(params, (np.array([1, 1]), np.array([1.0, 1.0])))
+    # residual -1 for both rows: d emb[1] = 2 * (2/2 * -1) = -2 in each column; db = -2.
+    np.testing.assert_allclose(grads["emb"], [[0, 0], [-2, -2], [0, 0]])
+    np.testing.assert_allclose(grads["b"], -2.0)
+
+
+class TestWorkerDoneSyncReplicasOptimizer:
+
+  @pytest.mark.parametrize("num_workers", [0, -1, True])
+  def test_rejects_num_workers_below_one(self, num_workers):
+    with pytest.raises(ConfigError, match=rf"num_workers={num_workers!r} must be an integer >= 1"):
+      _optimizer(num_workers=num_workers)
+
+  @pytest.mark.parametrize("worker_id", [-1, 3])
+  def test_rejects_worker_id_out_of_range(self, worker_id):
+    with pytest.raises(ConfigError, match=rf"worker_id={worker_id} is out of range: it must be in "
+                                          r"\[0, 3\) \(pass ClusterConfig.worker_id\)"):
+      _optimizer(num_workers=3, worker_id=worker_id)
+
+  def test_rejects_wrong_worker_names_and_optimizer(self):
+    from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+    with pytest.raises(ConfigError, match=r"worker_names has 2 names but num_workers=3"):
+      _optimizer(worker_names=["chief:0", "worker:0"])
+    with pytest.raises(ConfigError, match=r"opt='sgd' is not a tf.compat.v1.train.Optimizer"):
+      WorkerDoneSyncReplicasOptimizer("sgd", 3, 0)
+
+  @pytest.mark.parametrize("num_tokens", [-1, 1, 3])
+  def test_num_tokens_must_be_zero(self, num_tokens):
+    with pytest.raises(ConfigError, match=rf"num_tokens={num_tokens} is not supported: it must be "
+                                          r"0\..*tensorflow issue 11753.*num_tokens=0"):
+      _optimizer().make_session_run_hook(True, num_tokens=num_tokens)
+
+  def test_apply_gradients_needs_global_step_and_runs_once(self):
+    import tensorflow as tf
+    with tf.Graph().as_default():
+      w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.zeros_initializer())
+      opt, loss = _optimizer(), tf.reduce_sum(w * w)
+      with pytest.raises(ConfigError, match=r"global_step=None: pass .*get_or_create_global_step"):
+        opt.minimize(loss)
+      opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+      with pytest.raises(ConfigError, match=r"already called: build one train_op per optimizer"):
+        opt.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+
+  def test_registers_done_and_epoch_start_ops(self):
+    import tensorflow as tf
+    from hooks import graph_keys
+    with tf.Graph().as_default():
+      w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.zeros_initializer())
+      opt = _optimizer()
+      opt.minimize(tf.reduce_sum(w * w), global_step=tf.compat.v1.train.get_or_create_global_step())
+      assert tf.compat.v1.get_collection(graph_keys.DONE_OPS) == [opt.sync_ops.done_op]
+      assert tf.compat.v1.get_collection(graph_keys.EPOCH_START_OPS) == [
+          opt.sync_ops.refresh_local_step_op]
+
+  @pytest.mark.parametrize("model", ["linear", "embedding"])
+  def test_one_worker_in_process_equals_oracle(self, model):
+    """The whole mechanism in one process (1 worker, ps = this task): 2 epochs of 3 steps.
+
+    Sparse gradients come from a 2-way partitioned embedding; the graph has TF2 behaviour
+    (resource variables, control flow v2), unlike the cluster task's disable_v2_behavior().
+    """
+    import tensorflow as tf
+    from hooks import graph_keys
+    v1 = tf.compat.v1
+    linear = model == "linear"
+    data = (sync_data.linear_shards if linear else sync_data.embedding_shards)([3])
+    with tf.Graph().as_default():
+      step = v1.train.get_or_create_global_step()
+      b = v1.get_variable("b", [], initializer=v1.zeros_initializer())
+      y = v1.placeholder(tf.float32, [None])
+      if linear:
+        x = v1.placeholder(tf.float32, [None, sync_data.DIM])
+        w = v1.get_variable("w", [sync_data.DIM], initializer=v1.zeros_initializer())
+        pred, params = tf.linalg.matvec(x, w), {"w": w, "b": b}
+      else:
+        x = v1.placeholder(tf.int64, [None])
+        emb = v1.get_variable("emb", [sync_data.VOCAB, sync_data.EMB_DIM],
+                              initializer=v1.zeros_initializer(),
+                              partitioner=v1.fixed_size_partitioner(2))
+        pred = tf.reduce_sum(v1.nn.embedding_lookup(emb, x, partition_strategy="div"), 1)
+        params = {"emb": emb.as_tensor(), "b": b}
+      opt = _optimizer(num_workers=1)
+      train_op = opt.minimize(tf.reduce_mean((pred + b - y) ** 2), step)
+      hook = opt.make_session_run_hook(True, step_timeout_secs=20, warn_after_secs=10)
+      with v1.train.MonitoredSession(hooks=[hook]) as sess:
+        for _ in range(EPOCHS):  # FIFO: the DONE marker is consumed before the next GRAD one.
+          sess.run(v1.get_collection(graph_keys.EPOCH_START_OPS))
+          for batch_x, batch_y in data[0]:
+            sess.run(train_op, {x: batch_x, y: batch_y})
+          sess.run(v1.get_collection(graph_keys.DONE_OPS))
+        got, got_step = sess.run([params, step])
+    params0 = ({"w": np.zeros(sync_data.DIM)} if linear else
+               {"emb": np.zeros((sync_data.VOCAB, sync_data.EMB_DIM))})
+    want, want_step = oracle.lockstep_sgd(
+        dict(params0, b=np.zeros(())), data, oracle.linear_mse_gradients if linear else
+        oracle.embedding_mse_gradients, sync_data.LEARNING_RATE, EPOCHS)
+    assert got_step == want_step == 6 and hook.num_updates == 6
+    for k, v in want.items():
+      np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-5, err_msg=k)
+    assert max(np.abs(v).max() for v in want.values()) > 0.1
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+class TestWorkerDoneSyncReplicasOptimizerCluster:
+
+  @pytest.mark.timeout(90)
+  @pytest.mark.parametrize("divide", [False, True])
+  def test_three_workers_7_4_1_equal_oracle(self, tmp_path, divide):
+    shards = [7, 4, 1]
+    extra = ["--epochsync_divide_by_initial_workers"] if divide else []
+    result, reports = _train(shards, tmp_path, extra=extra)
+    _assert_exact(result, reports, shards, sync_data.linear_shards(shards),
+                  {"w": np.zeros(3), "b": np.zeros(())}, oracle.linear_mse_gradients, divide)
+
+  @pytest.mark.timeout(90)
+  def test_four_workers_6_6_3_0_with_an_empty_shard_equal_oracle(self, tmp_path):
+    shards = [6, 6, 3, 0]
+    result, reports = _train(shards, tmp_path)
+    _assert_exact(result, reports, shards, sync_data.linear_shards(shards),
+                  {"w": np.zeros(3), "b": np.zeros(())}, oracle.linear_mse_gradients)
+
+  @pytest.mark.timeout(90)
+  def test_embedding_partitioned_over_two_ps_equals_oracle(self, tmp_path):
+    shards = [7, 4, 1]
+    result, reports = _train(shards, tmp_path, model="embedding", num_ps=2)
+    _assert_exact(result, reports, shards, sync_data.embedding_shards(shards),
+                  {"emb": np.zeros((sync_data.VOCAB, sync_data.EMB_DIM)), "b": np.zeros(())},
+                  oracle.embedding_mse_gradients)
+
+  @pytest.mark.timeout(60)
+  def test_stock_sync_replicas_hangs_on_7_4_1(self, tmp_path):
+    """The same task with stock SyncReplicasOptimizer(3, 3), num_tokens=0, one pass."""
+    result, _ = _train([7, 4, 1], tmp_path, extra=["--optimizer=stock"], timeout_secs=20)
+    tasks = result.tasks
+    assert tasks["worker:2"].ok and "worker:2 finished" in tasks["worker:2"].log
+    assert tasks["worker:0"].timed_out and tasks["worker:1"].timed_out
+    assert "finished" not in tasks["worker:0"].log + tasks["worker:1"].log
