@@ -208,10 +208,18 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       return "?", (f"could not read the workers' progress from the ps ({e.message}); check the ps "
                    f"tasks' logs or raise {_FLAG}"), []
     active = [i for i, p in enumerate(progress) if p != _PROGRESS_DONE]
-    missing = [self._names[i] for i in active if progress[i] < step]
-    if not missing:
-      return step, (f"all {len(active)} active workers sent their gradient but no token came; "
-                    f"check the aggregation in {self._names[0]}'s log or raise {_FLAG}"), []
-    whose = "its log" if len(missing) == 1 else "their logs"
-    return step, (f"{len(active) - len(missing)}/{len(active)} workers sent their gradient; "
-                  f"missing {', '.join(missing)} (check {whose} or raise {_FLAG})"), missing
+    sent = [i for i in active if progress[i] >= step]
+    stale = [i for i in active if 0 <= progress[i] < step - 1]  # Sent a marker for an old step.
+    missing = [self._names[i] for i in active if i not in sent and i not in stale]
+    parts = [f"{len(sent)}/{len(active)} workers sent their gradient"]
+    if missing:
+      whose = "its log" if len(missing) == 1 else "their logs"
+      parts.append(f"missing {', '.join(missing)} (check {whose} or raise {_FLAG})")
+    if stale:
+      parts.append(f"stale gradient from {', '.join(self._names[i] for i in stale)} (local_step "
+                   f"{', '.join(str(progress[i]) for i in stale)} < {step}: every worker must run "
+                   "EPOCH_START_OPS at each epoch start)")
+    if not missing and not stale:
+      parts[0] = (f"all {len(active)} active workers sent their gradient but no token came; check "
+                  f"the aggregation in {self._names[0]}'s log or raise {_FLAG}")
+    return step, "; ".join(parts), missing

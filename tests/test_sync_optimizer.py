@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -226,3 +227,18 @@ class TestWorkerDoneSyncReplicasOptimizerCluster:
     assert tasks["worker:2"].ok and "worker:2 finished" in tasks["worker:2"].log
     assert tasks["worker:0"].timed_out and tasks["worker:1"].timed_out
     assert "finished" not in tasks["worker:0"].log + tasks["worker:1"].log
+
+  @pytest.mark.timeout(90)
+  def test_a_stale_gradient_fails_loudly_instead_of_hanging(self, tmp_path):
+    """Without EPOCH_START_OPS, workers 1 and 2 (shards 4, 1) come back stale in epoch 1."""
+    result, reports = _train([7, 4, 1], tmp_path, timeout_secs=50, extra=[
+        "--skip_epoch_start_ops", "--epochsync_step_timeout_secs=5",
+        "--epochsync_warn_after_secs=2"])
+    assert not reports and not [t.name for t in result.tasks.values() if t.timed_out]
+    assert all(t.returncode not in (0, None) for t in result.tasks.values())
+    assert re.search(r"stale gradient\(s\), count:\] \[2\] \[from worker ids:\] \[(1 2\] "
+                     r"\[with local_step:\] \[4 1|2 1\] \[with local_step:\] \[1 4)\] \[but "
+                     r"global_step is\] \[7\]", result.tasks["worker:0"].log)  # Arrival order.
+    for name in ("worker:1", "worker:2"):
+      assert ("1/3 workers sent their gradient; stale gradient from worker:1, worker:2 "
+              "(local_step 4, 1 < 7") in result.tasks[name].log, name

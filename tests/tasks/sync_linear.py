@@ -36,6 +36,8 @@ _OPTIMIZER = flags.DEFINE_enum("optimizer", "ours", ["ours", "stock"], "Which Sy
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where <task>.json is written.")
 _DIE_AFTER = flags.DEFINE_integer("die_after_steps", 0, "Exit with code 7 after this many "
                                   "steps (a crash mid-epoch); 0: never.")
+_SKIP_START = flags.DEFINE_bool("skip_epoch_start_ops", False, "Misuse on purpose: never run "
+                                "EPOCH_START_OPS, so a worker that sat out steps goes stale.")
 _WAIT_SECS = flags.DEFINE_float("wait_timeout_secs", 60, "Bound of the test-only waits.")
 
 _v1 = tf.compat.v1
@@ -105,7 +107,8 @@ def main(argv):
     total_steps = 0
     for epoch in range(1 if stock else settings.num_epochs):
       start = time.monotonic()
-      sess.run(_v1.get_collection(graph_keys.EPOCH_START_OPS))
+      if not _SKIP_START.value:
+        sess.run(_v1.get_collection(graph_keys.EPOCH_START_OPS))
       examples = 0
       for batch in shard:
         sess.run(train_op, dict(zip(feeds, batch)))

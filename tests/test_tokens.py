@@ -1,0 +1,203 @@
+"""SafeSyncTokensHook: validation, bounded steps that name the missing workers, no hang on a death."""
+
+import logging as std_logging
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from hooks.errors import ConfigError, StepTimeoutError
+from hooks.testing.local_cluster import LocalCluster
+
+TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "sync_linear.py")]
+
+
+class _Clock:
+  def __init__(self, now: float = 100.0):
+    self.now = now
+
+  def __call__(self) -> float:
+    return self.now
+
+
+class _Coord:
+  def __init__(self):
+    self.requests = []
+
+  def request_stop(self, ex=None):
+    self.requests.append(ex)
+
+
+class _Reader:
+  """Stands in for the (global_step, progress) read on the ps; counts calls."""
+
+  def __init__(self, step, progress, error=None):
+    self.value, self.error, self.calls = (step, np.array(progress)), error, 0
+
+  def __call__(self):
+    self.calls += 1
+    if self.error is not None:
+      raise self.error
+    return self.value
+
+
+def _hook(clock=None, worker_id=1, build=True, **kwargs):
+  """(hook, optimizer) for worker `worker_id` of 3, in a fresh graph; begin() already called."""
+  import tensorflow as tf
+  from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+  graph = tf.Graph()
+  with graph.as_default():
+    opt = WorkerDoneSyncReplicasOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), 3,
+                                          worker_id)
+    if build:
+      w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.zeros_initializer())
+      opt.minimize(tf.reduce_sum(w * w), tf.compat.v1.train.get_or_create_global_step())
+    kwargs = dict(dict(num_tokens=0, step_timeout_secs=30, warn_after_secs=10, log_every_secs=5),
+                  **kwargs)
+    hook = opt.make_session_run_hook(False, clock=clock or _Clock(), **kwargs)
+    if build:
+      hook.begin()
+  return hook, opt
+
+
+def _start_step(hook, fetches):
+  import tensorflow as tf
+  v1 = tf.compat.v1
+  return hook.before_run(v1.train.SessionRunContext(v1.train.SessionRunArgs(fetches), None))
+
+
+class TestSafeSyncTokensHook:
+
+  @pytest.mark.parametrize("num_tokens", [-1, 2])
+  def test_num_tokens_must_be_zero(self, num_tokens):
+    with pytest.raises(ConfigError, match=rf"num_tokens={num_tokens} is not supported: it must be "
+                                          r"0\..*issue 11753.*make_session_run_hook\(is_chief, "
+                                          r"num_tokens=0\)"):
+      _hook(num_tokens=num_tokens, build=False)
+
+  @pytest.mark.parametrize("name, value", [("step_timeout_secs", 0), ("warn_after_secs", -1),
+                                           ("log_every_secs", float("nan"))])
+  def test_durations_must_be_positive(self, name, value):
+    with pytest.raises(ConfigError, match=rf"{name}={value!r} must be a finite number of seconds"):
+      _hook(build=False, **{name: value})
+
+  def test_warning_after_the_timeout_is_itself_a_warning(self):
+    with pytest.warns(UserWarning, match=r"warn_after_secs=30 >= step_timeout_secs=30"):
+      _hook(build=False, warn_after_secs=30)
+
+  def test_begin_before_apply_gradients_says_what_to_call(self):
+    hook, _ = _hook(build=False)
+    with pytest.raises(ConfigError, match=r"call opt.minimize\(\) or opt.apply_gradients"):
+      hook.begin()
+
+  def test_only_train_steps_get_a_run_deadline(self):
+    hook, opt = _hook()
+    args = _start_step(hook, {"loss": "x:0", "train": [opt.sync_ops.train_op]})
+    assert args.options.timeout_in_ms == (30 + 2) * 1000  # The watchdog fires 2 s earlier.
+    assert _start_step(hook, opt.sync_ops.completed_epochs) is None
+
+  def test_warns_after_warn_after_secs_then_every_log_every_secs(self, caplog):
+    clock, coord, read = _Clock(), _Coord(), _Reader(41, [41, 41, 40])
+    hook, opt = _hook(clock)
+    _start_step(hook, opt.sync_ops.train_op)
+    caplog.set_level(std_logging.WARNING)
+    for now, reads in ((109.9, 0), (110, 1), (114.9, 1), (115, 2)):
+      clock.now = now
+      hook.check(coord, read)
+      assert read.calls == reads, now
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == std_logging.WARNING]
+    assert warnings == ["worker:1 has waited 10 s for step 41: 2/3 workers sent their gradient; "
+                        "missing worker:2 (check its log or raise --epochsync_step_timeout_secs)",
+                        "worker:1 has waited 15 s for step 41: 2/3 workers sent their gradient; "
+                        "missing worker:2 (check its log or raise --epochsync_step_timeout_secs)"]
+    assert not coord.requests
+
+  def test_times_out_once_with_the_missing_workers_named(self):
+    clock, coord, read = _Clock(), _Coord(), _Reader(41, [41, 40, 40])
+    hook, opt = _hook(clock, worker_id=0)
+    _start_step(hook, opt.sync_ops.train_op)
+    clock.now = 129.9
+    hook.check(coord, read)
+    assert not coord.requests  # One side of the boundary...
+    clock.now = 130
+    hook.check(coord, read)  # ...and the other.
+    clock.now = 200
+    hook.check(coord, read)
+    assert len(coord.requests) == 1
+    error_type, error, _ = coord.requests[0]
+    assert error_type is StepTimeoutError and error.missing == ("worker:1", "worker:2")
+    assert str(error) == ("step 41 timed out after 30 s on worker:0: 1/3 workers sent their "
+                          "gradient; missing worker:1, worker:2 (check their logs or raise "
+                          "--epochsync_step_timeout_secs)")
+
+  def test_done_workers_are_not_missing_and_a_silent_chief_is_named(self):
+    clock, coord = _Clock(), _Coord()
+    hook, opt = _hook(clock)
+    _start_step(hook, opt.sync_ops.train_op)
+    clock.now = 130
+    hook.check(coord, _Reader(7, [7, 7, -1]))  # worker:2 is done for the epoch.
+    error = coord.requests[0][1]
+    assert error.missing == () and re.search(
+        r"all 2 active workers sent their gradient but no token came; check the aggregation in "
+        r"worker:0's log", str(error))
+
+  def test_a_stale_sender_is_told_to_run_the_epoch_start_ops(self):
+    clock, coord = _Clock(), _Coord()
+    hook, opt = _hook(clock)
+    _start_step(hook, opt.sync_ops.train_op)
+    clock.now = 130
+    hook.check(coord, _Reader(7, [7, 4, 6]))  # worker:1 sent step 4's; worker:2 is just late.
+    assert str(coord.requests[0][1]) == (
+        "step 7 timed out after 30 s on worker:1: 1/3 workers sent their gradient; missing "
+        "worker:2 (check its log or raise --epochsync_step_timeout_secs); stale gradient from "
+        "worker:1 (local_step 4 < 7: every worker must run EPOCH_START_OPS at each epoch start)")
+
+  def test_unreadable_progress_still_times_out(self):
+    import tensorflow as tf
+    clock, coord = _Clock(), _Coord()
+    hook, opt = _hook(clock)
+    _start_step(hook, opt.sync_ops.train_op)
+    clock.now = 131
+    hook.check(coord, _Reader(0, [], tf.errors.UnavailableError(None, None, "ps:0 is gone")))
+    assert re.fullmatch(r"step \? timed out after 31 s on worker:1: could not read the workers' "
+                        r"progress from the ps \(ps:0 is gone\).*", str(coord.requests[0][1]))
+
+  def test_a_finished_step_never_times_out(self):
+    clock, coord, read = _Clock(), _Coord(), _Reader(41, [41, 41, 40])
+    hook, opt = _hook(clock)
+    _start_step(hook, opt.sync_ops.train_op)
+    hook.after_run(None, None)
+    clock.now = 1000
+    hook.check(coord, read)
+    assert not coord.requests and read.calls == 0
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+class TestSafeSyncTokensHookCluster:
+
+  @pytest.mark.timeout(90)
+  def test_a_dead_worker_is_named_and_nothing_hangs(self, tmp_path):
+    timeout_secs = 5
+    args = ["--shard_batches=7,7,7", f"--output_dir={tmp_path}",
+            f"--epochsync_step_timeout_secs={timeout_secs}", "--epochsync_warn_after_secs=2",
+            "--epochsync_log_every_secs=1"]
+    with LocalCluster(num_workers=3, timeout_secs=60, fail_fast_secs=None,
+                      log_dir=str(tmp_path / "logs")) as cluster:
+      cluster.start(TASK + args, per_task_args={"worker:2": ["--die_after_steps=3"]})
+      result = cluster.wait()
+    dead = result.tasks["worker:2"]
+    assert dead.returncode == 7 and "exits on purpose after 3 steps" in dead.log
+    for name in ("worker:0", "worker:1"):
+      task = result.tasks[name]
+      assert task.returncode not in (0, None) and not task.timed_out, name
+      assert task.elapsed_secs - dead.elapsed_secs < timeout_secs + 10, name
+      assert re.search(rf"{name} has waited \d s for step 3: 2/3 workers sent their gradient; "
+                       r"missing worker:2", task.log), name
+      assert (f"hooks.errors.StepTimeoutError: step 3 timed out after {timeout_secs} s on {name}: "
+              "2/3 workers sent their gradient; missing worker:2 (check its log or raise "
+              "--epochsync_step_timeout_secs)") in task.log, name
+      assert "Exception in thread" not in task.log, name
+    assert "aggregation stopped" in result.tasks["worker:0"].log
