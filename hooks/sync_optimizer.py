@@ -93,7 +93,8 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
     elif not isinstance(worker_id, int) or not 0 <= worker_id < num_workers:
       problems.append(f"worker_id={worker_id!r} is out of range: it must be in [0, {num_workers})"
                       " (pass ClusterConfig.worker_id)")
-    names = tuple(worker_names or [f"worker:{i}" for i in range(max(int(num_workers), 0))])
+    count = num_workers if isinstance(num_workers, int) and num_workers > 0 else 0
+    names = tuple(worker_names or [f"worker:{i}" for i in range(count)])
     if worker_names is not None and len(names) != num_workers:
       problems.append(f"worker_names has {len(names)} names but num_workers={num_workers}")
     if problems:

@@ -97,6 +97,13 @@ class TestLockstepSgdOracle:
 
 class TestWorkerDoneSyncReplicasOptimizer:
 
+  def test_exports(self):
+    from hooks import sync_optimizer
+    assert sorted(sync_optimizer.__all__) == [
+        "DONE", "GRAD", "STOP", "SyncOps", "WorkerDoneSyncReplicasOptimizer"]
+    assert sorted(oracle.__all__) == [
+        "embedding_mse_gradients", "linear_mse_gradients", "lockstep_sgd"]
+
   @pytest.mark.parametrize("num_workers", [0, -1, True])
   def test_rejects_num_workers_below_one(self, num_workers):
     with pytest.raises(ConfigError, match=rf"num_workers={num_workers!r} must be an integer >= 1"):

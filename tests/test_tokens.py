@@ -70,6 +70,10 @@ def _start_step(hook, fetches):
 
 class TestSafeSyncTokensHook:
 
+  def test_exports(self):
+    from hooks import tokens
+    assert tokens.__all__ == ["SafeSyncTokensHook"]
+
   @pytest.mark.parametrize("num_tokens", [-1, 2])
   def test_num_tokens_must_be_zero(self, num_tokens):
     with pytest.raises(ConfigError, match=rf"num_tokens={num_tokens} is not supported: it must be "
