@@ -144,11 +144,8 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
     n_workers, wid, dev = self._num_workers, self._worker_id, global_step.device
     gs_dtype = global_step.dtype.base_dtype
     local_anchor = tf.no_op(name=f"{self._name}_local_anchor")
-    with _v1.get_default_graph().colocate_with(local_anchor):  # Keeps these off the ps tasks.
+    with _v1.get_default_graph().colocate_with(local_anchor):  # Keeps it off the ps tasks.
       local_step = _v1.Variable(0, trainable=False, dtype=gs_dtype, name=f"{self._name}_local_step",
-                                collections=[_v1.GraphKeys.LOCAL_VARIABLES])
-      num_active = _v1.Variable(n_workers, trainable=False, dtype=tf.int32,
-                                name=f"{self._name}_num_active",
                                 collections=[_v1.GraphKeys.LOCAL_VARIABLES])
     with tf.name_scope(self._name), tf.device(dev):
       markers = tf.queue.FIFOQueue(-1, [tf.int32, tf.int32, tf.int64], shapes=[(), (), ()],
@@ -159,6 +156,10 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
       progress = _v1.Variable(tf.fill([n_workers], tf.constant(_PROGRESS_ACTIVE, tf.int64)),
                               trainable=False, name="progress")
       completed_epochs = _v1.Variable(0, trainable=False, dtype=tf.int64, name="completed_epochs")
+      # The chief's: on the ps so that aggregate_op runs there in one piece; in no collection so
+      # it is neither saved nor reset by every worker's local_init_op; chief_init_op sets it.
+      num_active = _v1.Variable(n_workers, trainable=False, dtype=tf.int32, name="num_active",
+                                collections=[])
 
     applies, accums = [], []
     with tf.name_scope(self._name):
@@ -192,7 +193,8 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
       with tf.device(dev):
         active = _v1.scatter_update(progress, [wid], [tf.constant(_PROGRESS_ACTIVE, tf.int64)])
       refresh = tf.group(local_step_init, active, name="refresh_local_step")
-      chief_init = tf.group([local_step_init] + [a.set_global_step(global_step) for a, _ in accums])
+      chief_init = tf.group([local_step_init, num_active.initializer] +
+                            [a.set_global_step(global_step) for a, _ in accums])
       aggregate = self._aggregate_op(num_active, markers, tokens, accums, global_step,
                                      completed_epochs)
       with tf.device(dev):
