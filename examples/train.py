@@ -27,6 +27,7 @@ from hooks import flags as epochsync_flags
 from hooks import session as session_lib
 from hooks.epoch_input import EpochInput
 from hooks.epoch_sync import epoch_sync_hooks
+from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
 
 _SHARD_BATCHES = flags.DEFINE_list(
     "shard_batches", ["9", "5", "0"], "Batches in each training worker's shard, by worker id.")
@@ -83,10 +84,19 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] =
     epoch_input = EpochInput(dataset, settings.num_epochs, config.task_name)
     x, y = epoch_input.get_next()
     loss, _, _ = linear_model(x, y, _FEATURES.value)
-    train_op = _v1.train.GradientDescentOptimizer(_LEARNING_RATE.value).minimize(
-        loss, global_step=global_step)
+    optimizer = _v1.train.GradientDescentOptimizer(_LEARNING_RATE.value)
+    if settings.sync:  # --epochsync_sync (default): one update per step from all active workers
+      optimizer = WorkerDoneSyncReplicasOptimizer(
+          optimizer, config.num_workers, config.worker_id, worker_names=config.worker_names,
+          divide_by_initial_workers=settings.divide_by_initial_workers)
+    train_op = optimizer.minimize(loss, global_step=global_step)
+  sync_hook = optimizer.make_session_run_hook(
+      config.is_chief, num_tokens=0, step_timeout_secs=settings.step_timeout_secs,
+      warn_after_secs=min(settings.warn_after_secs, settings.step_timeout_secs / 2),
+      log_every_secs=settings.log_every_secs) if settings.sync else None
   model_dir = _MODEL_DIR.value
-  hooks = epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir)
+  hooks = epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir,
+                           sync_hook=sync_hook)
   creator = session_lib.session_creator(
       config, master=server.target, checkpoint_dir=model_dir,
       startup_timeout_secs=settings.startup_timeout_secs)

@@ -1,8 +1,12 @@
 """Epoch-exact synchronous training hooks for TensorFlow's parameter-server runtime.
 
 Typical usage:
-  config = hooks.ClusterConfig.from_tf_config()
-  ...
+  import hooks
+  epoch_input = hooks.EpochInput(shard_dataset, num_epochs=3, task_name=config.task_name)
+  opt = hooks.WorkerDoneSyncReplicasOptimizer(sgd, config.num_workers, config.worker_id)
+  train_op = opt.minimize(build_loss(*epoch_input.get_next()), global_step=global_step)
+  all_hooks = hooks.epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir,
+                                     sync_hook=opt.make_session_run_hook(config.is_chief))
 Names are imported lazily, so `import hooks` (and the local cluster launcher) does not
 import TensorFlow until a hook is used.
 """
@@ -12,6 +16,17 @@ import importlib
 _EXPORTS = {
     "ClusterConfig": "hooks.cluster",
     "EpochSyncSettings": "hooks.cluster",
+    "EpochInput": "hooks.epoch_input",
+    "EpochListener": "hooks.epoch_input",
+    "EpochStats": "hooks.epoch_input",
+    "EpochBarrierHook": "hooks.barrier",
+    "WorkerDoneHook": "hooks.done_counter",
+    "ChiefSaveAfterBarrierHook": "hooks.checkpointing",
+    "WorkerDoneSyncReplicasOptimizer": "hooks.sync_optimizer",
+    "SafeSyncTokensHook": "hooks.tokens",
+    "epoch_sync_hooks": "hooks.epoch_sync",
+    "session_creator": "hooks.session",
+    "read_audit": "hooks.audit",
     "errors": "hooks.errors",
 }
 

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 from absl import logging
 import tensorflow as tf
 
+from hooks import graph_keys
 from hooks.errors import ConfigError, EpochIncompleteError
 
 __all__ = ["EpochInput", "EpochListener", "EpochStats"]
@@ -160,6 +161,8 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
 
   def begin(self):
     self._graph = _v1.get_default_graph()
+    self._start_ops = [self._input._iterator.initializer] + _v1.get_collection(
+        graph_keys.EPOCH_START_OPS)
 
   def after_create_session(self, session, coord):
     listeners = self._input.listeners
@@ -180,7 +183,7 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
       self._started_at = time.time()
       self._batches = self._examples = 0
       self._pending_sizes.clear()
-      session.run(self._input._iterator.initializer)
+      session.run(self._start_ops)  # fresh iterator + e.g. the sync optimizer's local step
       for listener in self._input.listeners:
         listener.epoch_started(session, self._epoch)
       has_value, size = session.run(self._input._preload)

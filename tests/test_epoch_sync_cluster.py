@@ -32,10 +32,11 @@ def _checkpoint_value(prefix, name):
   return tf.train.load_variable(prefix, name)
 
 
-def _run(tmp_path, shards, num_epochs, timeout_secs=90, **cluster_args):
+def _run(tmp_path, shards, num_epochs, sync, timeout_secs=90, **cluster_args):
   model_dir = str(tmp_path / "model")
   command = TASK + [f"--model_dir={model_dir}", "--shard_batches=" + ",".join(map(str, shards)),
-                    f"--epochsync_num_epochs={num_epochs}"] + FAST_TIMEOUTS
+                    f"--epochsync_num_epochs={num_epochs}", f"--epochsync_sync={sync}"
+                    ] + FAST_TIMEOUTS
   with LocalCluster(timeout_secs=timeout_secs, log_dir=str(tmp_path / "logs"),
                     **cluster_args) as cluster:
     cluster.start(command)
@@ -45,19 +46,22 @@ def _run(tmp_path, shards, num_epochs, timeout_secs=90, **cluster_args):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("shards,num_epochs,cluster_args", [
-    ((9, 5, 0), 3, dict(num_workers=3, num_ps=1)),
-    ((6, 6, 3, 0), 2, dict(num_workers=4, num_ps=2, has_chief=True)),
-    ((3,), 2, dict(num_workers=1, num_ps=1)),
-    ((3, 0, 2, 1, 4, 0, 1, 2), 2, dict(num_workers=8, num_ps=2)),
-], ids=["3workers-9-5-0", "chief+3workers-2ps-6-6-3-0", "1worker", "8workers-2ps"])
+@pytest.mark.parametrize("shards,num_epochs,sync,cluster_args", [
+    ((9, 5, 0), 3, True, dict(num_workers=3, num_ps=1)),
+    ((9, 5, 0), 2, False, dict(num_workers=3, num_ps=1)),
+    ((6, 6, 3, 0), 2, True, dict(num_workers=4, num_ps=2, has_chief=True)),
+    ((3,), 2, True, dict(num_workers=1, num_ps=1)),
+    ((3, 0, 2, 1, 4, 0, 1, 2), 2, True, dict(num_workers=8, num_ps=2)),
+], ids=["sync-3workers-9-5-0", "async-3workers-9-5-0", "sync-chief+3workers-2ps-6-6-3-0",
+        "sync-1worker", "sync-8workers-2ps"])
 def test_every_worker_trains_its_shard_once_per_epoch_and_saves_are_ordered(
-    tmp_path, shards, num_epochs, cluster_args):
-  model_dir, result, cluster = _run(tmp_path, shards, num_epochs, **cluster_args)
+    tmp_path, shards, num_epochs, sync, cluster_args):
+  model_dir, result, cluster = _run(tmp_path, shards, num_epochs, sync, **cluster_args)
   names = cluster.training_task_names
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == list(range(num_epochs))
-  steps_per_epoch = sum(shards)  # asynchronous SGD: one global step per batch
+  # Synchronous: one global step per step of the longest shard; asynchronous: one per batch.
+  steps_per_epoch = max(shards) if sync else sum(shards)
   for line in audit:
     e = line["epoch"]
     assert {w: s["batches"] for w, s in line["workers"].items()} == dict(zip(names, shards))
@@ -130,6 +134,6 @@ def test_restart_after_kill_in_epoch_2_trains_only_epochs_2_and_3(tmp_path):
   result.check()
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == [0, 1, 2]
-  assert [line["global_step"] for line in audit] == [16, 32, 48]
+  assert [line["global_step"] for line in audit] == [8, 16, 24]  # synchronous: max shard
   for name, row in _summaries(model_dir).items():
     assert row["epochs"] == [1, 2], f"{name} re-trained an epoch after the restart"

@@ -1,0 +1,1 @@
+"""Benchmarks against stock TensorFlow, run side by side in one process tree."""
