@@ -53,9 +53,12 @@ class WorkerDoneHook(_v1.train.SessionRunHook, EpochListener):
     if num_workers < 1 or not 0 <= worker_id < num_workers:
       raise ConfigError(f"WorkerDoneHook: num_workers={num_workers}, worker_id={worker_id}: "
                         "need num_workers >= 1 and 0 <= worker_id < num_workers")
+    names = list(worker_names) if worker_names else [f"worker:{i}" for i in range(num_workers)]
+    if len(names) != num_workers:
+      raise ConfigError(f"WorkerDoneHook: worker_names has {len(names)} names for "
+                        f"num_workers={num_workers}; pass ClusterConfig.worker_names")
     self.num_workers, self.worker_id = num_workers, worker_id
-    self.task_name = (list(worker_names) if worker_names else
-                      [f"worker:{i}" for i in range(num_workers)])[worker_id]
+    self.task_name = names[worker_id]
     self._ps_device = ps_device
     epoch_input.add_listener(self)
 

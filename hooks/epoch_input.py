@@ -67,7 +67,8 @@ class EpochInput:
   """One pass over `dataset` per epoch, with the epoch's end visible to the hooks.
 
   Build it inside the worker's graph (under `replica_device_setter`); every epoch
-  re-initialises the iterator, so a `shuffle()` in the dataset reshuffles per epoch.
+  re-initialises the iterator, so an unseeded `shuffle()` in the dataset reshuffles per
+  epoch, while a seeded one starts from its seed again and repeats its order.
 
     epoch_input = EpochInput(dataset, num_epochs=3, task_name=config.task_name)
     features, labels = epoch_input.get_next()
@@ -119,9 +120,9 @@ class EpochInput:
 
     def _enqueue():
       value = tf.nest.flatten(optional.get_value())
-      first = value[0]
-      size = tf.shape(first, out_type=tf.int64)[0] if first.shape.rank != 0 else tf.constant(
-          1, tf.int64)
+      batched = [t for t in value if t.shape.rank != 0]  # per-batch scalars do not count
+      size = (tf.shape(batched[0], out_type=tf.int64)[0] if batched else
+              tf.constant(1, tf.int64))
       with tf.control_dependencies([self._buffer.enqueue(value)]):
         return tf.constant(True), tf.identity(size)
 

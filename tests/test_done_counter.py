@@ -79,10 +79,6 @@ class TestWorkerDoneHookValidation:
       WorkerDoneHook(epoch_input, num_workers=num_workers, worker_id=worker_id)
     assert epoch_input.listeners == []
 
-  @pytest.mark.xfail(strict=True, reason=(
-      "WorkerDoneHook.__init__ (hooks/done_counter.py) does not check len(worker_names) == "
-      "num_workers (EpochBarrierHook does): too few names raise a bare IndexError, too many "
-      "are silently accepted"))
   @pytest.mark.parametrize("names", [("chief:0",), ("chief:0", "worker:0", "worker:1")],
                            ids=["too-few", "too-many"])
   def test_rejects_a_worker_names_length_mismatch(self, epoch_input, names):
