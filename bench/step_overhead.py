@@ -43,6 +43,10 @@ def _one_run(variant: str, num_workers: int) -> dict:
     with open(path) as f:
       row = json.load(f)
     steps += row["step_secs"][_WARMUP.value:]
+    # Synchronous: the last step's token is the global step after _STEPS updates.
+    if row["last_token"] != _STEPS.value:
+      raise RuntimeError(f"{variant} {row['task']}: last token {row['last_token']} != "
+                         f"{_STEPS.value} steps: the run was not synchronous")
   return {"variant": variant, "workers": num_workers, "params": row["params"],
           "median_step_secs": statistics.median(steps)}
 

@@ -75,17 +75,17 @@ def main(argv):
   else:
     hooks = [sync_hook]
   creator = session_lib.session_creator(config, master=server.target)
-  times = []
+  times, token = [], None
   sess = _v1.train.MonitoredSession(session_creator=creator, hooks=hooks)
   for _ in range(_STEPS.value):
     start = time.perf_counter()
-    sess.run(train_op)
+    token = sess.run(train_op)  # both variants' train_op returns the step's token
     times.append(time.perf_counter() - start)
   params = sum(int(np.prod(v.shape)) for v in _v1.trainable_variables())
   path = os.path.join(_OUTPUT_DIR.value, config.task_name.replace(":", "-") + ".json")
   with open(path, "w") as f:
     json.dump({"task": config.task_name, "variant": _VARIANT.value, "params": params,
-               "step_secs": times}, f)
+               "last_token": int(token), "step_secs": times}, f)
   # Stock's chief queue runner stays blocked in take_grad after the last step, and its
   # MonitoredSession.close() would wait stop_grace_period_secs; the timings are written,
   # so both variants leave the same way.

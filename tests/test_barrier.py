@@ -19,18 +19,11 @@ from hooks.checkpointing import ChiefSaveAfterBarrierHook
 from hooks.epoch_input import EpochInput, EpochListener
 from hooks.errors import BarrierTimeoutError, ConfigError, EpochIncompleteError
 from hooks.session import FastWorkerSessionCreator
+from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
+from tf_unit import user_loop as _train
 
-v1 = tf.compat.v1
-v1.disable_v2_behavior()
 
-LOCAL = "/job:localhost/replica:0/task:0"
 SHARD = np.arange(10, dtype=np.float32)  # batches of 4 -> 3 batches (4, 4, 2) per epoch
-
-
-@pytest.fixture(autouse=True)
-def graph():
-  with tf.Graph().as_default() as g:
-    yield g
 
 
 def _model(values=SHARD, num_epochs=3, task_name="worker:0"):
@@ -47,15 +40,6 @@ def _barrier(epoch_input, **kwargs):
   args = dict(num_workers=1, worker_id=0, ps_device=LOCAL)
   args.update(kwargs)
   return EpochBarrierHook(epoch_input, **args)
-
-
-def _train(sess, train_op, max_steps=1000):
-  steps = 0
-  while not sess.should_stop():
-    assert steps < max_steps, "the session never stopped"
-    sess.run(train_op)
-    steps += 1
-  return steps
 
 
 class _ReadAtEnd(v1.train.SessionRunHook):

@@ -17,17 +17,8 @@ from hooks.checkpointing import ChiefSaveAfterBarrierHook, epoch_checkpoint_pref
 from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput
 from hooks.errors import ConfigError
-
-v1 = tf.compat.v1
-v1.disable_v2_behavior()
-
-LOCAL = "/job:localhost/replica:0/task:0"
-
-
-@pytest.fixture(autouse=True)
-def graph():
-  with tf.Graph().as_default() as g:
-    yield g
+from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
+from tf_unit import train as _train
 
 
 def _model(num_examples=10, num_epochs=3, audit_dir=None):
@@ -42,17 +33,6 @@ def _model(num_examples=10, num_epochs=3, audit_dir=None):
   barrier = EpochBarrierHook(epoch_input, num_workers=1, worker_id=0, worker_names=("chief:0",),
                              audit_dir=audit_dir, ps_device=LOCAL)
   return epoch_input, barrier, train_op
-
-
-def _train(hooks, train_op, checkpoint_dir=None, max_steps=100):
-  steps = 0
-  creator = v1.train.ChiefSessionCreator(checkpoint_dir=checkpoint_dir)
-  with v1.train.MonitoredSession(creator, hooks=hooks) as sess:
-    while not sess.should_stop():
-      assert steps < max_steps, "the session never stopped"
-      sess.run(train_op)
-      steps += 1
-  return steps
 
 
 class _Recorder(v1.train.CheckpointSaverListener):

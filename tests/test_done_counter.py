@@ -13,17 +13,8 @@ from hooks.barrier import EpochBarrierHook
 from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput, EpochListener
 from hooks.errors import ConfigError
-
-v1 = tf.compat.v1
-v1.disable_v2_behavior()
-
-LOCAL = "/job:localhost/replica:0/task:0"
-
-
-@pytest.fixture(autouse=True)
-def graph():
-  with tf.Graph().as_default() as g:
-    yield g
+from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
+from tf_unit import train as _train
 
 
 def _model(num_examples=10, num_epochs=3):
@@ -49,16 +40,6 @@ class _Spy(EpochListener):
     g = v1.get_default_graph()
     values = session.run([g.as_graph_element(n) for n in self._names])
     self.seen.append((stats.epoch,) + tuple(v.tolist() for v in values))
-
-
-def _train(hooks, train_op, max_steps=100):
-  steps = 0
-  with v1.train.MonitoredSession(hooks=hooks) as sess:
-    while not sess.should_stop():
-      assert steps < max_steps, "the session never stopped"
-      sess.run(train_op)
-      steps += 1
-  return steps
 
 
 def test_exports():

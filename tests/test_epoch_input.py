@@ -10,17 +10,11 @@ import tensorflow as tf
 from hooks import epoch_input as epoch_input_lib
 from hooks.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError, EpochIncompleteError
+from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
+from tf_unit import train as _train
 
-v1 = tf.compat.v1
-v1.disable_v2_behavior()
 
 SHARD = np.arange(10, dtype=np.float32)  # 10 examples, batches of 4 -> 3 batches (4, 4, 2)
-
-
-@pytest.fixture(autouse=True)
-def graph():
-  with tf.Graph().as_default() as g:
-    yield g
 
 
 def _model(values=SHARD, batch_size=4, num_epochs=3, task_name="worker:0"):
@@ -65,17 +59,6 @@ class _ReadAtEnd(v1.train.SessionRunHook):
 
   def end(self, session):
     self.values = session.run(self._fetches)
-
-
-def _train(hooks, train_op, max_steps=1000):
-  """The user loop; returns the number of steps run (bounded so a broken stop cannot hang)."""
-  steps = 0
-  with v1.train.MonitoredSession(hooks=hooks) as sess:
-    while not sess.should_stop():
-      assert steps < max_steps, "the session never stopped"
-      sess.run(train_op)
-      steps += 1
-  return steps
 
 
 def test_exports():
