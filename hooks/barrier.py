@@ -21,6 +21,7 @@ from absl import logging
 import tensorflow as tf
 
 from hooks import audit as audit_lib
+from hooks.cluster import worker_problems
 from hooks.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import BarrierTimeoutError, ConfigError, EpochSyncError
 
@@ -69,23 +70,17 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                startup_timeout_secs: float = 600.0, warn_after_secs: float = 60.0,
                log_every_secs: float = 30.0, audit_dir: Optional[str] = None,
                ps_device: str = "/job:ps/task:0"):
-    names = tuple(worker_names or [f"worker:{i}" for i in range(max(num_workers, 0))])
-    problems = [p for ok, p in (
-        (num_workers >= 1, f"num_workers={num_workers} must be >= 1"),
-        (0 <= worker_id < max(num_workers, 1),
-         f"worker_id={worker_id} must be in [0, {num_workers - 1}]"),
-        (len(names) == num_workers,
-         f"worker_names has {len(names)} names for num_workers={num_workers}"),
-        (min(timeout_secs, startup_timeout_secs, warn_after_secs, log_every_secs) > 0,
-         "timeout_secs, startup_timeout_secs, warn_after_secs and log_every_secs must be > 0 "
-         "(--epochsync_barrier_timeout_secs, ...)"),
-    ) if not ok]
+    problems = worker_problems(num_workers, worker_id, worker_names)
+    if min(timeout_secs, startup_timeout_secs, warn_after_secs, log_every_secs) <= 0:
+      problems.append("timeout_secs, startup_timeout_secs, warn_after_secs and log_every_secs "
+                      "must be > 0 (--epochsync_barrier_timeout_secs, ...)")
     if problems:
       raise ConfigError("EpochBarrierHook: " + "; ".join(problems))
     self._input = epoch_input
-    self.num_workers, self.worker_id, self.worker_names = num_workers, worker_id, names
+    self.num_workers, self.worker_id = num_workers, worker_id
+    self.worker_names = tuple(worker_names or [f"worker:{i}" for i in range(num_workers)])
     self.is_chief = worker_id == 0
-    self.task_name = names[worker_id]
+    self.task_name = self.worker_names[worker_id]
     self._timeout_secs, self._startup_timeout_secs = timeout_secs, startup_timeout_secs
     self._warn_after_secs, self._log_every_secs = warn_after_secs, log_every_secs
     self._audit = audit_lib.EpochAudit(audit_dir) if audit_dir and self.is_chief else None

@@ -9,14 +9,14 @@ import json
 import math
 import os
 import types
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import flags as absl_flags
 from absl import logging
 
 from hooks.errors import ConfigError
 
-__all__ = ["ClusterConfig", "EpochSyncSettings", "resolve"]
+__all__ = ["ClusterConfig", "EpochSyncSettings", "resolve", "worker_problems"]
 
 _TF_CONFIG_ENV = "TF_CONFIG"
 _CLUSTER_KEY, _TASK_KEY, _TYPE_KEY, _INDEX_KEY = "cluster", "task", "type", "index"
@@ -370,3 +370,24 @@ def resolve(env: Optional[Mapping[str, str]] = None, flag_values: Any = None,
            f"cluster from {config.source}")
   logging.info("tf-epochsync cluster: %s", config.describe())
   return config
+
+
+def worker_problems(num_workers: Any, worker_id: Any,
+                    worker_names: Optional[Sequence[str]] = None) -> List[str]:
+  """What is wrong with the (num_workers, worker_id, worker_names) a hook was given, if anything.
+
+  Every hook and the sync optimizer validate these three the same way, with the same words:
+
+      problems = worker_problems(3, config.worker_id, config.worker_names)  # [] when valid
+  """
+  if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+    return [f"num_workers={num_workers!r} must be an integer >= 1 (pass ClusterConfig.num_workers)"]
+  problems = []
+  if not isinstance(worker_id, int) or isinstance(worker_id, bool) or not (
+      0 <= worker_id < num_workers):
+    problems.append(f"worker_id={worker_id!r} is out of range: it must be in [0, {num_workers}) "
+                    "(pass ClusterConfig.worker_id)")
+  if worker_names is not None and len(worker_names) != num_workers:
+    problems.append(f"worker_names has {len(worker_names)} names but num_workers={num_workers} "
+                    "(pass ClusterConfig.worker_names)")
+  return problems

@@ -15,6 +15,7 @@ from absl import logging
 import tensorflow as tf
 
 from hooks import graph_keys
+from hooks.cluster import worker_problems
 from hooks.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError
 
@@ -50,15 +51,11 @@ class WorkerDoneHook(_v1.train.SessionRunHook, EpochListener):
   def __init__(self, epoch_input: EpochInput, num_workers: int, worker_id: int,
                worker_names: Optional[Sequence[str]] = None,
                ps_device: str = "/job:ps/task:0"):
-    if num_workers < 1 or not 0 <= worker_id < num_workers:
-      raise ConfigError(f"WorkerDoneHook: num_workers={num_workers}, worker_id={worker_id}: "
-                        "need num_workers >= 1 and 0 <= worker_id < num_workers")
-    names = list(worker_names) if worker_names else [f"worker:{i}" for i in range(num_workers)]
-    if len(names) != num_workers:
-      raise ConfigError(f"WorkerDoneHook: worker_names has {len(names)} names for "
-                        f"num_workers={num_workers}; pass ClusterConfig.worker_names")
+    problems = worker_problems(num_workers, worker_id, worker_names)
+    if problems:
+      raise ConfigError("WorkerDoneHook: " + "; ".join(problems))
     self.num_workers, self.worker_id = num_workers, worker_id
-    self.task_name = names[worker_id]
+    self.task_name = (worker_names or [f"worker:{i}" for i in range(num_workers)])[worker_id]
     self._ps_device = ps_device
     epoch_input.add_listener(self)
 

@@ -29,6 +29,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from hooks import graph_keys
+from hooks.cluster import worker_problems
 from hooks.errors import ConfigError
 from hooks.tokens import SafeSyncTokensHook
 
@@ -88,15 +89,9 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
     problems = []
     if not isinstance(opt, _v1.train.Optimizer):
       problems.append(f"opt={opt!r} is not a tf.compat.v1.train.Optimizer")
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-      problems.append(f"num_workers={num_workers!r} must be an integer >= 1")
-    elif not isinstance(worker_id, int) or not 0 <= worker_id < num_workers:
-      problems.append(f"worker_id={worker_id!r} is out of range: it must be in [0, {num_workers})"
-                      " (pass ClusterConfig.worker_id)")
+    problems += worker_problems(num_workers, worker_id, worker_names)
     count = num_workers if isinstance(num_workers, int) and num_workers > 0 else 0
     names = tuple(worker_names or [f"worker:{i}" for i in range(count)])
-    if worker_names is not None and len(names) != num_workers:
-      problems.append(f"worker_names has {len(names)} names but num_workers={num_workers}")
     if problems:
       raise ConfigError("invalid WorkerDoneSyncReplicasOptimizer arguments:\n  - "
                         + "\n  - ".join(problems))

@@ -64,14 +64,14 @@ class TestEpochBarrierHookValidation:
     return EpochInput(tf.data.Dataset.range(3), num_epochs=1)
 
   @pytest.mark.parametrize("kwargs,pattern", [
-      (dict(num_workers=0, worker_id=0), r"num_workers=0 must be >= 1"),
-      (dict(num_workers=-2, worker_id=0), r"num_workers=-2 must be >= 1"),
-      (dict(num_workers=3, worker_id=3), r"worker_id=3 must be in \[0, 2\]"),
-      (dict(num_workers=3, worker_id=-1), r"worker_id=-1 must be in \[0, 2\]"),
+      (dict(num_workers=0, worker_id=0), r"num_workers=0 must be an integer >= 1"),
+      (dict(num_workers=-2, worker_id=0), r"num_workers=-2 must be an integer >= 1"),
+      (dict(num_workers=3, worker_id=3), r"worker_id=3 is out of range: it must be in \[0, 3\)"),
+      (dict(num_workers=3, worker_id=-1), r"worker_id=-1 is out of range: it must be in \[0, 3\)"),
       (dict(num_workers=2, worker_id=0, worker_names=("chief:0", "worker:0", "worker:1")),
-       r"worker_names has 3 names for num_workers=2"),
+       r"worker_names has 3 names but num_workers=2"),
       (dict(num_workers=2, worker_id=1, worker_names=("chief:0",)),
-       r"worker_names has 1 names for num_workers=2"),
+       r"worker_names has 1 names but num_workers=2"),
       (dict(num_workers=1, worker_id=0, timeout_secs=0),
        r"timeout_secs, startup_timeout_secs, warn_after_secs and log_every_secs must be > 0 "
        r"\(--epochsync_barrier_timeout_secs"),

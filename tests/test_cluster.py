@@ -42,7 +42,26 @@ def all_tasks(cluster):
 
 
 def test_exports():
-  assert sorted(cluster_lib.__all__) == ["ClusterConfig", "EpochSyncSettings", "resolve"]
+  assert sorted(cluster_lib.__all__) == ["ClusterConfig", "EpochSyncSettings", "resolve",
+                                         "worker_problems"]
+
+
+class TestWorkerProblems:
+
+  def test_valid_triples_have_no_problem(self):
+    assert cluster_lib.worker_problems(3, 2, ("chief:0", "worker:0", "worker:1")) == []
+    assert cluster_lib.worker_problems(1, 0) == []
+
+  @pytest.mark.parametrize("args,expected", [
+      ((0, 0), ["num_workers=0 must be an integer >= 1 (pass ClusterConfig.num_workers)"]),
+      ((True, 0), ["num_workers=True must be an integer >= 1 (pass ClusterConfig.num_workers)"]),
+      ((3, 3), ["worker_id=3 is out of range: it must be in [0, 3) (pass ClusterConfig.worker_id)"]),
+      ((3, -1, ("a", "b")),
+       ["worker_id=-1 is out of range: it must be in [0, 3) (pass ClusterConfig.worker_id)",
+        "worker_names has 2 names but num_workers=3 (pass ClusterConfig.worker_names)"]),
+  ])
+  def test_each_problem_is_named_with_its_fix(self, args, expected):
+    assert cluster_lib.worker_problems(*args) == expected
 
 
 def test_import_does_not_import_tensorflow():

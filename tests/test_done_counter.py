@@ -55,16 +55,17 @@ class TestWorkerDoneHookValidation:
   @pytest.mark.parametrize("num_workers,worker_id", [(0, 0), (-1, 0), (3, 3), (3, -1), (1, 1)])
   def test_rejects(self, epoch_input, num_workers, worker_id):
     with pytest.raises(ConfigError,
-                       match=rf"^WorkerDoneHook: num_workers={num_workers}, worker_id={worker_id}: "
-                             r"need num_workers >= 1 and 0 <= worker_id < num_workers"):
+                       match=rf"^WorkerDoneHook: (num_workers={num_workers} must be an integer "
+                             rf">= 1|worker_id={worker_id} is out of range: it must be in "
+                             rf"\[0, {num_workers}\)) \(pass ClusterConfig\."):
       WorkerDoneHook(epoch_input, num_workers=num_workers, worker_id=worker_id)
     assert epoch_input.listeners == []
 
   @pytest.mark.parametrize("names", [("chief:0",), ("chief:0", "worker:0", "worker:1")],
                            ids=["too-few", "too-many"])
   def test_rejects_a_worker_names_length_mismatch(self, epoch_input, names):
-    with pytest.raises(ConfigError, match=rf"worker_names has {len(names)} names for "
-                                          r"num_workers=2"):
+    with pytest.raises(ConfigError, match=rf"worker_names has {len(names)} names but "
+                                          r"num_workers=2 \(pass ClusterConfig.worker_names\)"):
       WorkerDoneHook(epoch_input, num_workers=2, worker_id=1, worker_names=names)
 
   def test_validates_before_any_graph_op_exists(self, epoch_input, graph):
