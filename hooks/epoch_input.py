@@ -209,7 +209,7 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
 
   def _consumes_input(self, fetches) -> bool:
     """True if running `fetches` dequeues a batch (cached per fetch structure)."""
-    key = tuple(id(f) for f in tf.nest.flatten(fetches))
+    key = tuple(getattr(f, "name", f) for f in tf.nest.flatten(fetches))
     if key not in self._consumers:
       ops = [self._graph.as_graph_element(f) for f in tf.nest.flatten(fetches)]
       ops = [o if isinstance(o, tf.Operation) else o.op for o in ops]
