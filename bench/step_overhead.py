@@ -62,13 +62,15 @@ def main(argv):
         results.append(run)
         print(f"workers={workers} rep={rep} {variant:>5}: median step "
               f"{run['median_step_secs'] * 1e3:.2f} ms ({run['params']:,} params)", flush=True)
-  print("\nworkers  variant    median ms  ratio vs stock")
+  print("\nworkers  variant    median ms  ratio vs stock  paired ratios (min..max)")
   for workers in (int(w) for w in _WORKERS.value):
-    med = {v: statistics.median(r["median_step_secs"] for r in results
-                                if r["workers"] == workers and r["variant"] == v)
-           for v in _VARIANTS.value}
+    runs = {v: [r["median_step_secs"] for r in results
+                if r["workers"] == workers and r["variant"] == v] for v in _VARIANTS.value}
     for v in _VARIANTS.value:
-      print(f"{workers:>7}  {v:<9}  {med[v] * 1e3:9.2f}  {med[v] / med['stock']:.3f}")
+      paired = sorted(a / b for a, b in zip(runs[v], runs["stock"]))
+      print(f"{workers:>7}  {v:<9}  {statistics.median(runs[v]) * 1e3:9.2f}  "
+            f"{statistics.median(runs[v]) / statistics.median(runs['stock']):14.3f}  "
+            f"{statistics.median(paired):.3f} ({paired[0]:.3f}..{paired[-1]:.3f})")
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
       json.dump(results, f, indent=1)

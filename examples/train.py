@@ -32,36 +32,54 @@ from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
 _SHARD_BATCHES = flags.DEFINE_list(
     "shard_batches", ["9", "5", "0"], "Batches in each training worker's shard, by worker id.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per batch.", lower_bound=1)
-_FEATURES = flags.DEFINE_integer("features", 16, "Input features of the linear model.",
-                                 lower_bound=1)
+_MODEL = flags.DEFINE_enum("model", "linear", ["linear", "embedding"],
+                           "linear: dense gradients; embedding: a table partitioned over the "
+                           "ps tasks, sparse gradients.")
+_FEATURES = flags.DEFINE_integer("features", 16, "Input features (linear) or vocabulary size "
+                                 "(embedding).", lower_bound=1)
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.05, "Plain SGD learning rate.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, the epoch audit and each "
                                  "task's summary JSON.")
 
 _v1 = tf.compat.v1
+EMBEDDING_DIM = 4
 
 
-def shard_arrays(worker_id: int, num_batches: int, batch_size: int, features: int):
-  """The deterministic (x, y) examples of one worker's shard; x[:, 0] is a unique example id."""
+def shard_arrays(model: str, worker_id: int, num_batches: int, batch_size: int,
+                 features: int):
+  """The deterministic (inputs, labels) of one worker's shard, labels of shape [examples].
+
+  linear: inputs are features [examples, features]; embedding: inputs are ids in
+  [0, features) (a CTR-style sparse feature, several ids repeat within a batch).
+  """
   rng = np.random.default_rng(1000 + worker_id)
-  true_w = np.linspace(-1.0, 1.0, features, dtype=np.float32)[:, None]
-  x = rng.normal(size=(num_batches * batch_size, features)).astype(np.float32)
-  y = x @ true_w + np.float32(0.5)
-  return x, y
+  n = num_batches * batch_size
+  if model == "embedding":
+    ids = rng.integers(0, features, size=n)
+    return ids.astype(np.int64), (0.2 * ids - 1.0).astype(np.float32)
+  true_w = np.linspace(-1.0, 1.0, features, dtype=np.float32)
+  x = rng.normal(size=(n, features)).astype(np.float32)
+  return x, x @ true_w + np.float32(0.5)
 
 
-def shard_dataset(worker_id: int, num_batches: int, batch_size: int, features: int):
+def shard_dataset(model: str, worker_id: int, num_batches: int, batch_size: int,
+                  features: int):
   """One pass over one worker's shard, batched; never repeated."""
-  x, y = shard_arrays(worker_id, num_batches, batch_size, features)
-  return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+  inputs, labels = shard_arrays(model, worker_id, num_batches, batch_size, features)
+  return tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(batch_size)
 
 
-def linear_model(x, y, features: int):
-  """Returns (loss, weights, bias) of a linear regression with mean squared error."""
-  w = _v1.get_variable("w", [features, 1], initializer=_v1.zeros_initializer())
-  b = _v1.get_variable("b", [1], initializer=_v1.zeros_initializer())
-  loss = tf.reduce_mean(tf.square(tf.matmul(x, w) + b - y))
-  return loss, w, b
+def model_loss(model: str, inputs, labels, features: int, num_ps: int):
+  """Mean squared error of a linear model, or of an embedding table partitioned over the ps."""
+  b = _v1.get_variable("b", [], initializer=_v1.zeros_initializer())
+  if model == "embedding":
+    emb = _v1.get_variable("emb", [features, EMBEDDING_DIM], initializer=_v1.zeros_initializer(),
+                           partitioner=_v1.fixed_size_partitioner(num_ps))
+    prediction = tf.reduce_sum(tf.nn.embedding_lookup(emb, inputs), axis=1) + b  # sparse grads
+  else:
+    w = _v1.get_variable("w", [features], initializer=_v1.zeros_initializer())
+    prediction = tf.linalg.matvec(inputs, w) + b
+  return tf.reduce_mean(tf.square(prediction - labels))
 
 
 def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] = (
@@ -80,10 +98,11 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] =
   with _v1.device(_v1.train.replica_device_setter(
       worker_device=config.job_device, cluster=config.cluster_spec())):
     global_step = _v1.train.get_or_create_global_step()
-    dataset = shard_dataset(config.worker_id, num_batches, _BATCH_SIZE.value, _FEATURES.value)
+    dataset = shard_dataset(_MODEL.value, config.worker_id, num_batches, _BATCH_SIZE.value,
+                            _FEATURES.value)
     epoch_input = EpochInput(dataset, settings.num_epochs, config.task_name)
     x, y = epoch_input.get_next()
-    loss, _, _ = linear_model(x, y, _FEATURES.value)
+    loss = model_loss(_MODEL.value, x, y, _FEATURES.value, config.num_ps)
     optimizer = _v1.train.GradientDescentOptimizer(_LEARNING_RATE.value)
     if settings.sync:  # --epochsync_sync (default): one update per step from all active workers
       optimizer = WorkerDoneSyncReplicasOptimizer(

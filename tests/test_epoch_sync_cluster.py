@@ -32,11 +32,32 @@ def _checkpoint_value(prefix, name):
   return tf.train.load_variable(prefix, name)
 
 
-def _run(tmp_path, shards, num_epochs, sync, timeout_secs=90, **cluster_args):
+def _assert_equals_oracle(checkpoint, model, shards, num_epochs):
+  """The checkpoint's parameters are those of lockstep synchronous SGD (numpy, float64)."""
+  import numpy as np
+  from examples import train
+  from hooks.testing import oracle
+  batch, features = 8, 16
+  data = [train.shard_arrays(model, w, n, batch, features) for w, n in enumerate(shards)]
+  batches = [[(x[i:i + batch], y[i:i + batch]) for i in range(0, len(y), batch)] for x, y in data]
+  if model == "embedding":
+    start = {"emb": np.zeros((features, train.EMBEDDING_DIM)), "b": np.zeros(())}
+    gradients = oracle.embedding_mse_gradients
+  else:
+    start, gradients = {"w": np.zeros(features), "b": np.zeros(())}, oracle.linear_mse_gradients
+  expected, steps = oracle.lockstep_sgd(start, batches, gradients, learning_rate=0.05,
+                                        num_epochs=num_epochs)
+  assert _checkpoint_value(checkpoint, "global_step") == steps
+  for name, value in expected.items():
+    np.testing.assert_allclose(_checkpoint_value(checkpoint, name), value, atol=1e-5,
+                               err_msg=f"{name} differs from lockstep synchronous SGD")
+
+
+def _run(tmp_path, shards, num_epochs, sync, timeout_secs=90, model="linear", **cluster_args):
   model_dir = str(tmp_path / "model")
   command = TASK + [f"--model_dir={model_dir}", "--shard_batches=" + ",".join(map(str, shards)),
-                    f"--epochsync_num_epochs={num_epochs}", f"--epochsync_sync={sync}"
-                    ] + FAST_TIMEOUTS
+                    f"--epochsync_num_epochs={num_epochs}", f"--epochsync_sync={sync}",
+                    f"--model={model}"] + FAST_TIMEOUTS
   with LocalCluster(timeout_secs=timeout_secs, log_dir=str(tmp_path / "logs"),
                     **cluster_args) as cluster:
     cluster.start(command)
@@ -46,17 +67,19 @@ def _run(tmp_path, shards, num_epochs, sync, timeout_secs=90, **cluster_args):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("shards,num_epochs,sync,cluster_args", [
-    ((9, 5, 0), 3, True, dict(num_workers=3, num_ps=1)),
-    ((9, 5, 0), 2, False, dict(num_workers=3, num_ps=1)),
-    ((6, 6, 3, 0), 2, True, dict(num_workers=4, num_ps=2, has_chief=True)),
-    ((3,), 2, True, dict(num_workers=1, num_ps=1)),
-    ((3, 0, 2, 1, 4, 0, 1, 2), 2, True, dict(num_workers=8, num_ps=2)),
+@pytest.mark.parametrize("shards,num_epochs,sync,model,cluster_args", [
+    ((9, 5, 0), 3, True, "linear", dict(num_workers=3, num_ps=1)),
+    ((9, 5, 0), 2, False, "linear", dict(num_workers=3, num_ps=1)),
+    ((6, 6, 3, 0), 2, True, "linear", dict(num_workers=4, num_ps=2, has_chief=True)),
+    ((7, 4, 1), 2, True, "embedding", dict(num_workers=3, num_ps=2)),
+    ((3,), 2, True, "linear", dict(num_workers=1, num_ps=1)),
+    ((3, 0, 2, 1, 4, 0, 1, 2), 2, True, "linear", dict(num_workers=8, num_ps=2)),
 ], ids=["sync-3workers-9-5-0", "async-3workers-9-5-0", "sync-chief+3workers-2ps-6-6-3-0",
-        "sync-1worker", "sync-8workers-2ps"])
+        "sync-embedding-2ps-7-4-1", "sync-1worker", "sync-8workers-2ps"])
 def test_every_worker_trains_its_shard_once_per_epoch_and_saves_are_ordered(
-    tmp_path, shards, num_epochs, sync, cluster_args):
-  model_dir, result, cluster = _run(tmp_path, shards, num_epochs, sync, **cluster_args)
+    tmp_path, shards, num_epochs, sync, model, cluster_args):
+  model_dir, result, cluster = _run(tmp_path, shards, num_epochs, sync, model=model,
+                                    **cluster_args)
   names = cluster.training_task_names
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == list(range(num_epochs))
@@ -76,6 +99,9 @@ def test_every_worker_trains_its_shard_once_per_epoch_and_saves_are_ordered(
     assert _checkpoint_value(ckpt, "epochsync/completed_epochs") == e + 1
   checkpoints = sorted(glob.glob(os.path.join(model_dir, "model.ckpt-epoch*.index")))
   assert len(checkpoints) == num_epochs
+  if sync:  # the whole stack (input, hooks, optimizer) computes exactly synchronous SGD
+    _assert_equals_oracle(audit[-1]["checkpoint"], model, shards, num_epochs)
+  assert "Traceback" not in "".join(t.log for t in result.tasks.values())
   summaries = _summaries(model_dir)
   assert sorted(summaries) == sorted(names)
   for name, row in summaries.items():
