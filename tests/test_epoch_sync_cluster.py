@@ -72,10 +72,12 @@ def _run(tmp_path, shards, num_epochs, sync, timeout_secs=90, model="linear", **
     ((9, 5, 0), 2, False, "linear", dict(num_workers=3, num_ps=1)),
     ((6, 6, 3, 0), 2, True, "linear", dict(num_workers=4, num_ps=2, has_chief=True)),
     ((7, 4, 1), 2, True, "embedding", dict(num_workers=3, num_ps=2)),
+    ((0, 4, 2), 2, True, "linear", dict(num_workers=3, num_ps=1)),
     ((3,), 2, True, "linear", dict(num_workers=1, num_ps=1)),
     ((3, 0, 2, 1, 4, 0, 1, 2), 2, True, "linear", dict(num_workers=8, num_ps=2)),
 ], ids=["sync-3workers-9-5-0", "async-3workers-9-5-0", "sync-chief+3workers-2ps-6-6-3-0",
-        "sync-embedding-2ps-7-4-1", "sync-1worker", "sync-8workers-2ps"])
+        "sync-embedding-2ps-7-4-1", "sync-empty-chief-0-4-2", "sync-1worker",
+        "sync-8workers-2ps"])
 def test_every_worker_trains_its_shard_once_per_epoch_and_saves_are_ordered(
     tmp_path, shards, num_epochs, sync, model, cluster_args):
   model_dir, result, cluster = _run(tmp_path, shards, num_epochs, sync, model=model,
