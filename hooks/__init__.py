@@ -15,7 +15,7 @@ import importlib
 
 _EXPORTS = {
     "ClusterConfig": "hooks.cluster",
-    "EpochSyncSettings": "hooks.cluster",
+    "EpochSyncSettings": "hooks.settings",
     "EpochInput": "hooks.epoch_input",
     "EpochListener": "hooks.epoch_input",
     "EpochStats": "hooks.epoch_input",

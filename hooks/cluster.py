@@ -6,17 +6,16 @@ Typical usage:
 
 import dataclasses
 import json
-import math
 import os
 import types
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import flags as absl_flags
 from absl import logging
 
-from hooks.errors import ConfigError
+from hooks.errors import ConfigError, raise_if_problems
 
-__all__ = ["ClusterConfig", "EpochSyncSettings", "resolve", "worker_problems"]
+__all__ = ["ClusterConfig", "resolve", "worker_problems"]
 
 _TF_CONFIG_ENV = "TF_CONFIG"
 _CLUSTER_KEY, _TASK_KEY, _TYPE_KEY, _INDEX_KEY = "cluster", "task", "type", "index"
@@ -33,13 +32,6 @@ _WHERE = {
     "arguments": dict(cluster="cluster", job='cluster["{}"]', type="task_type",
                       index="task_index"),
 }
-
-
-def _raise(problems: List[str], what: str) -> None:
-  """Raises one ConfigError listing every problem, if there is any."""
-  if problems:
-    raise ConfigError(f"invalid {what} ({len(problems)} problem(s)):\n  - "
-                      + "\n  - ".join(problems))
 
 
 def _is_address(addr: Any) -> bool:
@@ -151,10 +143,10 @@ class ClusterConfig:
 
   def __post_init__(self):
     w = _WHERE.get(self.source)
-    _raise([f"source={self.source!r} is not one of {', '.join(_WHERE)}"] if w is None else [],
+    raise_if_problems([f"source={self.source!r} is not one of {', '.join(_WHERE)}"] if w is None else [],
            "ClusterConfig")
     problems, jobs = _cluster_problems(self.cluster, w)
-    _raise(problems + _task_problems(jobs, self.task_type, self.task_index, w),
+    raise_if_problems(problems + _task_problems(jobs, self.task_type, self.task_index, w),
            f"cluster from {self.source}")
     canon = {job: jobs.get(job) or (jobs.get(_MASTER) if job == _CHIEF else None) for job in _JOBS}
     canon = types.MappingProxyType({job: addrs for job, addrs in canon.items() if addrs})
@@ -171,15 +163,15 @@ class ClusterConfig:
     tf_config = os.environ.get(_TF_CONFIG_ENV, "") if tf_config is None else tf_config
     if isinstance(tf_config, str):
       if not tf_config.strip():
-        _raise(["TF_CONFIG is not set or empty; export TF_CONFIG or use the flags"], what)
+        raise_if_problems(["TF_CONFIG is not set or empty; export TF_CONFIG or use the flags"], what)
       try:
         tf_config = json.loads(tf_config)
       except json.JSONDecodeError as e:
         here = e.doc[max(0, e.pos - 20):e.pos] + "<<HERE>>" + e.doc[e.pos:e.pos + 20]
-        _raise([f"TF_CONFIG is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}: "
+        raise_if_problems([f"TF_CONFIG is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}: "
                 f"{here!r}; fix the JSON (keys and strings need double quotes)"], what)
     if not isinstance(tf_config, Mapping):
-      _raise([f"TF_CONFIG={tf_config!r} is not a JSON object; write "
+      raise_if_problems([f"TF_CONFIG={tf_config!r} is not a JSON object; write "
               '{"cluster": ..., "task": ...}'], what)
     problems = [f'TF_CONFIG has no "{key}"; add "{key}": {example}' for key, example in (
         (_CLUSTER_KEY, '{"ps": ["host:port"], "worker": ["host:port", ...]}'),
@@ -194,7 +186,7 @@ class ClusterConfig:
     elif task is not None:
       problems += _task_problems(jobs, task.get(_TYPE_KEY), task.get(_INDEX_KEY),
                                  _WHERE["TF_CONFIG"])
-    _raise(problems, what)
+    raise_if_problems(problems, what)
     return cls(tf_config[_CLUSTER_KEY], task[_TYPE_KEY], task[_INDEX_KEY], "TF_CONFIG")
 
   @classmethod
@@ -277,64 +269,6 @@ class ClusterConfig:
                        _TASK_KEY: {_TYPE_KEY: self.task_type, _INDEX_KEY: self.task_index}})
 
 
-def _positive_secs(v: Any) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-
-@dataclasses.dataclass(frozen=True)
-class EpochSyncSettings:
-  """The knobs of epoch-synchronous training; `hooks.flags.settings_from_flags()` fills it in.
-
-  Usage:
-
-      settings = EpochSyncSettings(num_epochs=3, barrier_timeout_secs=600)
-
-  Args:
-    num_epochs: `int` epochs to train, >= 1.
-    barrier_timeout_secs: `float` deadline of an epoch barrier, > 0.
-    startup_timeout_secs: `float` deadline for every task to come up, > 0.
-    step_timeout_secs: `float` deadline of one synchronous step, > 0.
-    warn_after_secs: `float` a wait logs a WARNING after this long; > 0, < barrier_timeout_secs.
-    log_every_secs: `float` period of the "still waiting" INFO lines, > 0.
-    sync: `bool` aggregate gradients synchronously.
-    divide_by_initial_workers: `bool` average over the initial, not the active, worker count.
-
-  Raises:
-    ConfigError: listing every invalid field with its value, the rule and the flag that sets it.
-  """
-
-  num_epochs: int = 1
-  barrier_timeout_secs: float = 1800.0
-  startup_timeout_secs: float = 600.0
-  step_timeout_secs: float = 600.0
-  warn_after_secs: float = 60.0
-  log_every_secs: float = 30.0
-  sync: bool = True
-  divide_by_initial_workers: bool = False
-
-  def __post_init__(self):
-    problems = []
-
-    def _validate(name: str, predicate: Callable[[Any], bool], rule: str) -> None:
-      if not predicate(getattr(self, name)):
-        problems.append(f"{name}={getattr(self, name)!r} {rule} (flag --epochsync_{name})")
-
-    secs, is_bool = "must be a finite number of seconds > 0", lambda v: isinstance(v, bool)
-    _validate("num_epochs", lambda v: isinstance(v, int) and not is_bool(v) and v >= 1,
-              "must be an integer >= 1")
-    _validate("barrier_timeout_secs", _positive_secs, secs)
-    _validate("startup_timeout_secs", _positive_secs, secs)
-    _validate("step_timeout_secs", _positive_secs, secs)
-    _validate("warn_after_secs", _positive_secs, secs)
-    _validate("warn_after_secs", lambda v: not _positive_secs(v) or v < self.barrier_timeout_secs,
-              f"must be < barrier_timeout_secs={self.barrier_timeout_secs!r}; lower it or raise "
-              "the timeout")
-    _validate("log_every_secs", _positive_secs, secs)
-    _validate("sync", is_bool, "must be True or False")
-    _validate("divide_by_initial_workers", is_bool, "must be True or False")
-    _raise(problems, "EpochSyncSettings")
-
-
 def resolve(env: Optional[Mapping[str, str]] = None, flag_values: Any = None,
             num_workers: Optional[int] = None) -> ClusterConfig:
   """This process's ClusterConfig: from TF_CONFIG if set and non-empty, else the classic flags.
@@ -355,17 +289,17 @@ def resolve(env: Optional[Mapping[str, str]] = None, flag_values: Any = None,
       import hooks.flags  # pylint: disable=g-import-not-at-top,unused-import; defines --job_name...
       flag_values = absl_flags.FLAGS
     undefined = [f"--{n}" for n in _CLUSTER_FLAGS[:4] if n not in flag_values]
-    _raise([f"TF_CONFIG is not set and {', '.join(undefined)} not defined; set TF_CONFIG or call "
+    raise_if_problems([f"TF_CONFIG is not set and {', '.join(undefined)} not defined; set TF_CONFIG or call "
             "hooks.flags.define_cluster_flags(flag_values) before parsing"] if undefined else [],
            "cluster")
     values = {n: getattr(flag_values, n) for n in _CLUSTER_FLAGS if n in flag_values}
-    _raise([] if values["job_name"] else [
+    raise_if_problems([] if values["job_name"] else [
         "neither TF_CONFIG nor --job_name is set; export TF_CONFIG (Kubeflow TFJob format) or "
         "pass --job_name, --task_index, --ps_hosts and --worker_hosts"], "cluster")
     config = ClusterConfig.from_flags(**values)
   if num_workers is not None and num_workers != config.num_workers:
     where = "TF_CONFIG" if config.source == "TF_CONFIG" else "--chief_hosts/--worker_hosts"
-    _raise([f"num_workers={num_workers} but {where} lists {config.num_workers} chief+worker "
+    raise_if_problems([f"num_workers={num_workers} but {where} lists {config.num_workers} chief+worker "
             f"tasks; set --epochsync_num_workers={config.num_workers} or fix {where}"],
            f"cluster from {config.source}")
   logging.info("tf-epochsync cluster: %s", config.describe())

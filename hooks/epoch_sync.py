@@ -16,9 +16,10 @@ import tensorflow as tf
 
 from hooks.barrier import EpochBarrierHook
 from hooks.checkpointing import ChiefSaveAfterBarrierHook
-from hooks.cluster import ClusterConfig, EpochSyncSettings
+from hooks.cluster import ClusterConfig
 from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput
+from hooks.settings import EpochSyncSettings
 
 __all__ = ["epoch_sync_hooks"]
 

@@ -27,6 +27,7 @@ __all__ = [
     "BarrierTimeoutError",
     "StepTimeoutError",
     "EpochIncompleteError",
+    "raise_if_problems",
 ]
 
 
@@ -64,3 +65,10 @@ class StepTimeoutError(SyncTimeoutError):
 
 class EpochIncompleteError(EpochSyncError):
   """The training session ended before the configured number of epochs finished."""
+
+
+def raise_if_problems(problems: Sequence[str], what: str) -> None:
+  """Raises one ConfigError listing every problem found in `what`, if there is any."""
+  if problems:
+    raise ConfigError(f"invalid {what} ({len(problems)} problem(s)):\n  - "
+                      + "\n  - ".join(problems))

@@ -13,6 +13,7 @@ import math
 from absl import flags
 
 from hooks import cluster as _cluster
+from hooks import settings as _settings
 
 __all__ = [
     "NUM_WORKERS",
@@ -29,7 +30,7 @@ __all__ = [
     "settings_from_flags",
 ]
 
-_DEFAULTS = _cluster.EpochSyncSettings()
+_DEFAULTS = _settings.EpochSyncSettings()
 
 
 def _define_secs(name: str, default: float, help_text: str) -> flags.FlagHolder:
@@ -132,11 +133,11 @@ def cluster_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> _cluster.
   return _cluster.resolve(flag_values=flag_values, num_workers=num_workers)
 
 
-def settings_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> _cluster.EpochSyncSettings:
+def settings_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> _settings.EpochSyncSettings:
   """The parsed --epochsync_* flags as an EpochSyncSettings.
 
   Raises:
     ConfigError: a value breaks a rule of EpochSyncSettings (possible if set after parsing).
   """
-  return _cluster.EpochSyncSettings(
+  return _settings.EpochSyncSettings(
       **{field: getattr(flag_values, holder.name) for field, holder in _SETTINGS_FLAGS.items()})

@@ -7,7 +7,7 @@ from absl.testing import flagsaver
 import pytest
 
 from hooks import flags as flags_lib
-from hooks.cluster import EpochSyncSettings
+from hooks.settings import EpochSyncSettings
 from hooks.errors import ConfigError
 
 FLAGS = flags.FLAGS

@@ -1,0 +1,56 @@
+"""Tests for hooks/settings.py: EpochSyncSettings validates every field, all at once."""
+
+import dataclasses
+import re
+
+import pytest
+
+from hooks import settings as settings_lib
+from hooks.errors import ConfigError
+from hooks.settings import EpochSyncSettings
+
+
+def test_exports():
+  assert settings_lib.__all__ == ["EpochSyncSettings"]
+
+
+class TestEpochSyncSettings:
+
+  def test_defaults(self):
+    assert dataclasses.asdict(EpochSyncSettings()) == dict(
+        num_epochs=1, barrier_timeout_secs=1800, startup_timeout_secs=600, step_timeout_secs=600,
+        warn_after_secs=60, log_every_secs=30, sync=True, divide_by_initial_workers=False)
+
+  @pytest.mark.parametrize("field, value, rule", [
+      ("num_epochs", 0, "must be an integer >= 1"),
+      ("num_epochs", 1.5, "must be an integer >= 1"),
+      ("num_epochs", True, "must be an integer >= 1"),
+      ("barrier_timeout_secs", 0, "must be a finite number of seconds > 0"),
+      ("startup_timeout_secs", -1.0, "must be a finite number of seconds > 0"),
+      ("step_timeout_secs", float("inf"), "must be a finite number of seconds > 0"),
+      ("warn_after_secs", float("nan"), "must be a finite number of seconds > 0"),
+      ("log_every_secs", "30", "must be a finite number of seconds > 0"),
+      ("sync", 1, "must be True or False"),
+      ("divide_by_initial_workers", None, "must be True or False"),
+  ])
+  def test_bad_field(self, field, value, rule):
+    pattern = rf"{field}={re.escape(repr(value))} {rule} \(flag --epochsync_{field}\)"
+    with pytest.raises(ConfigError, match=pattern):
+      EpochSyncSettings(**{field: value})
+
+  def test_warn_after_must_be_below_barrier_timeout(self):
+    settings = EpochSyncSettings(warn_after_secs=99.5, barrier_timeout_secs=100)
+    assert settings.warn_after_secs == 99.5
+    with pytest.raises(ConfigError, match=r"warn_after_secs=100 must be < barrier_timeout_secs="
+                                          r"100; lower it or raise the timeout"):
+      EpochSyncSettings(warn_after_secs=100, barrier_timeout_secs=100)
+
+  def test_every_problem_is_reported_at_once(self):
+    with pytest.raises(ConfigError, match=r"\(3 problem\(s\)\)") as info:
+      EpochSyncSettings(num_epochs=0, log_every_secs=0, sync="yes")
+    for name in ("num_epochs", "log_every_secs", "sync"):
+      assert f"--epochsync_{name}" in str(info.value)
+
+  def test_frozen(self):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+      EpochSyncSettings().num_epochs = 2
