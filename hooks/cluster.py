@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from absl import flags as absl_flags
 from absl import logging
 
-from hooks.errors import ConfigError, raise_if_problems
+from hooks.errors import raise_if_problems
 
 __all__ = ["ClusterConfig", "resolve", "worker_problems"]
 
