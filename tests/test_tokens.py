@@ -88,8 +88,9 @@ class TestSafeSyncTokensHook:
       _hook(build=False, **{name: value})
 
   def test_warning_after_the_timeout_is_itself_a_warning(self):
-    with pytest.warns(UserWarning, match=r"warn_after_secs=30 >= step_timeout_secs=30"):
+    with pytest.warns(UserWarning, match=r"warn_after_secs=30 >= step_timeout_secs=30") as record:
       _hook(build=False, warn_after_secs=30)
+    assert len(record) == 1 and "a stuck step fails before any warning" in str(record[0].message)
 
   def test_begin_before_apply_gradients_says_what_to_call(self):
     hook, _ = _hook(build=False)
