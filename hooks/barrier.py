@@ -144,9 +144,12 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       session.run(self._mark_chief, {self._seq: seq})
       arrivals = self._gather(session, barrier, seq, stats, start, timeout)
       fields = self._run_chief_actions(session, barrier, seq, stats.epoch, arrivals)
+      audit = self._audit and barrier == "epoch_end"
+      # Read while everyone is held: after the release the next epoch's steps begin.
+      step = (int(session.run(self._global_step))
+              if audit and self._global_step is not None else None)
       session.run(self._release, {self._release_value: seq})
-      if self._audit and barrier == "epoch_end":
-        step = None if self._global_step is None else int(session.run(self._global_step))
+      if audit:
         self._audit.write(stats.epoch, arrivals, time.time(), fields, step)
     else:
       session.run(self._arrive, {self._seq: seq, self._stats: [stats.batches, stats.examples],
