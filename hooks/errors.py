@@ -14,6 +14,7 @@ The tree:
     +-- SyncTimeoutError            a bounded wait expired
     |   +-- BarrierTimeoutError     an epoch barrier (start / epoch_end) expired
     |   +-- StepTimeoutError        a synchronous step's gradients or token never came
+    |   +-- StartupTimeoutError     a worker's session: the chief never initialised the model
     +-- EpochIncompleteError        the session ended before num_epochs finished
 """
 
@@ -26,6 +27,7 @@ __all__ = [
     "SyncTimeoutError",
     "BarrierTimeoutError",
     "StepTimeoutError",
+    "StartupTimeoutError",
     "EpochIncompleteError",
     "raise_if_problems",
 ]
@@ -61,6 +63,10 @@ class BarrierTimeoutError(SyncTimeoutError):
 
 class StepTimeoutError(SyncTimeoutError):
   """A synchronous step waited too long for gradients or for its token."""
+
+
+class StartupTimeoutError(SyncTimeoutError):
+  """A worker's session creation timed out; `missing` names the chief it waited for."""
 
 
 class EpochIncompleteError(EpochSyncError):

@@ -16,6 +16,7 @@ from typing import Optional
 import tensorflow as tf
 
 from hooks.cluster import ClusterConfig
+from hooks.errors import StartupTimeoutError
 
 __all__ = ["FastWorkerSessionCreator", "session_creator"]
 
@@ -31,17 +32,30 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator):
 
   Args:
     poll_secs: `float`, seconds between two readiness checks.
+    task_name: `str`, this task ("worker:1"), and chief_name: the task that initialises
+      the model ("chief:0"); both only for the timeout's message.
     Other args as `tf.compat.v1.train.WorkerSessionCreator`.
 
   Raises:
-    tf.errors.DeadlineExceededError: from create_session() after `max_wait_secs`.
+    StartupTimeoutError: from create_session() after `max_wait_secs`, naming the chief.
   """
 
   def __init__(self, scaffold=None, master: str = "", config=None,
-               max_wait_secs: float = 600.0, poll_secs: float = 0.5):
+               max_wait_secs: float = 600.0, poll_secs: float = 0.5,
+               task_name: str = "this worker", chief_name: str = "the chief"):
     super().__init__(scaffold=scaffold, master=master, config=config,
                      max_wait_secs=max_wait_secs)
-    self._poll_secs = poll_secs
+    self._poll_secs, self._max_wait = poll_secs, max_wait_secs
+    self._task_name, self._chief_name = task_name, chief_name
+
+  def create_session(self):
+    try:
+      return super().create_session()
+    except tf.errors.DeadlineExceededError as e:
+      raise StartupTimeoutError(
+          f"session creation timed out after {self._max_wait:g} s on {self._task_name}: the "
+          f"model is still not initialised; missing {self._chief_name} (check its log or raise "
+          f"--epochsync_startup_timeout_secs)", [self._chief_name]) from e
 
   def _get_session_manager(self):
     if self._session_manager is None:
@@ -68,4 +82,5 @@ def session_creator(config: ClusterConfig, master: str, scaffold=None,
         checkpoint_dir=checkpoint_dir)
   return FastWorkerSessionCreator(
       scaffold=scaffold, master=master, config=config.session_config(),
-      max_wait_secs=startup_timeout_secs, poll_secs=poll_secs)
+      max_wait_secs=startup_timeout_secs, poll_secs=poll_secs, task_name=config.task_name,
+      chief_name=config.worker_names[0])
