@@ -111,11 +111,11 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._seq = _v1.placeholder(tf.int64, [], "seq")
       self._stats = _v1.placeholder(tf.int64, [2], "batches_examples")
       self._started = _v1.placeholder(tf.float64, [], "started_at")
+      # The chief only marks itself arrived; the others also enqueue their statistics.
+      self._mark_arrived = _v1.scatter_update(self._arrived, [self.worker_id], [self._seq])
       self._arrive = tf.group(
           arrive_q.enqueue([tf.constant(self.worker_id), self._seq, self._stats[0],
-                            self._stats[1], self._started]),
-          _v1.scatter_update(self._arrived, [self.worker_id], [self._seq]))
-      self._mark_chief = _v1.scatter_update(self._arrived, [self.worker_id], [self._seq])
+                            self._stats[1], self._started]), self._mark_arrived)
       self._take_arrival = arrive_q.dequeue()
       self._release_value = _v1.placeholder(tf.int64, [], "release")
       self._release = tf.group(*[q.enqueue([self._release_value]) for q in release_qs[1:]])
@@ -141,7 +141,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     start = time.monotonic()
     logging.info("%s waiting at %s, epoch %d", self.task_name, barrier, stats.epoch)
     if self.is_chief:
-      session.run(self._mark_chief, {self._seq: seq})
+      session.run(self._mark_arrived, {self._seq: seq})
       arrivals = self._gather(session, barrier, seq, stats, start, timeout)
       fields = self._run_chief_actions(session, barrier, seq, stats.epoch, arrivals)
       audit = self._audit and barrier == "epoch_end"
@@ -160,22 +160,21 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def _gather(self, session, barrier, seq, own: EpochStats, start, timeout):
     arrivals = {self.task_name: own}
+    missing = lambda: [n for n in self.worker_names if n not in arrivals]
     while len(arrivals) < self.num_workers:
       remaining = timeout - (time.monotonic() - start)
       if remaining <= 0:
-        missing = [n for n in self.worker_names if n not in arrivals]
-        session.run(self._release, {self._release_value: _ABORT})
-        self._fail(barrier, own.epoch, start, timeout, missing)
+        self._abort(session)
+        self._fail(barrier, own.epoch, start, timeout, missing())
       try:
         worker, got_seq, batches, examples, started = session.run(
             self._take_arrival, options=_timeout(min(remaining, self._log_every_secs)))
       except tf.errors.DeadlineExceededError:
-        self._log_waiting(barrier, own.epoch, start,
-                          [n for n in self.worker_names if n not in arrivals])
+        self._log_waiting(barrier, own.epoch, start, missing())
         continue
       name = self.worker_names[worker]
       if got_seq != seq:
-        session.run(self._release, {self._release_value: _ABORT})
+        self._abort(session)
         raise EpochSyncError(
             f"{name} arrived at barrier #{got_seq} while the chief waits at {barrier} #{seq} "
             f"(epoch {own.epoch}): the workers disagree on the epoch; check that every task "
@@ -193,9 +192,13 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       for action in self._chief_actions:
         fields.update(action(session, epoch, arrivals) or {})
     except Exception:
-      session.run(self._release, {self._release_value: _ABORT})
+      self._abort(session)
       raise
     return fields
+
+  def _abort(self, session) -> None:
+    """Releases every waiting worker with an abort, so each fails now instead of timing out."""
+    session.run(self._release, {self._release_value: _ABORT})
 
   def _wait_for_release(self, session, barrier, seq, epoch, start, timeout):
     # The chief releases after its own deadline at the latest; allow one log period more.
