@@ -1,0 +1,97 @@
+"""Blocking `session.run` calls that the caller can log about and give up on without cancelling.
+
+A dequeue cancelled by a `RunOptions` deadline can lose the element it took: the ps has
+already removed it from the queue when the cancelled `RecvTensor` drops it. So a wait that
+must log or enforce a deadline while it blocks runs the blocking call in a thread of its own,
+with a run deadline `grace_secs` after the caller's. The caller ticks (logs) while it waits
+and, at its deadline, abandons the call: the job is failing then, so what a late cancellation
+drops no longer matters. On the normal path no blocking call is ever cancelled.
+
+Typical usage:
+  call = BackgroundRun(session, release_q.dequeue(), deadline=time.monotonic() + 600)
+  if not call.wait_until_deadline(tick_secs=30, on_tick=log_who_is_missing):
+    raise BarrierTimeoutError(...)       # the deadline passed; the call is abandoned
+  value = call.result()
+"""
+
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+__all__ = ["BackgroundRun", "GRACE_SECS", "run_options"]
+
+# A background call's own run deadline comes this long after the caller's deadline, so the
+# caller always gives up first and only an abandoned call is ever cancelled.
+GRACE_SECS = 5.0
+
+
+def run_options(timeout_secs: float) -> tf.compat.v1.RunOptions:
+  """RunOptions with a deadline of `timeout_secs` (at least 1 ms)."""
+  return tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout_secs * 1000)))
+
+
+class BackgroundRun:
+  """One `session.run(fetches)` in a daemon thread, waited on with ticks and a deadline.
+
+    call = BackgroundRun(session, dequeue_op, deadline=time.monotonic() + 600)
+    if call.wait_until_deadline(tick_secs=30, on_tick=lambda waited: log(waited)):
+      value = call.result()
+
+  Args:
+    session: a `tf.compat.v1.Session` (runs from several threads are safe).
+    fetches: what to run, as for `session.run`.
+    deadline: `float`, the caller's deadline on `clock`.
+    feed_dict: as for `session.run`.
+    grace_secs: `float`, the run's own deadline is `deadline + grace_secs`.
+    clock: `Callable[[], float]`, monotonic seconds (tests inject one).
+    name: `str`, the thread's name.
+  """
+
+  def __init__(self, session, fetches: Any, deadline: float, feed_dict=None,
+               grace_secs: float = GRACE_SECS, clock: Callable[[], float] = time.monotonic,
+               name: str = "epochsync-wait"):
+    self._clock, self._deadline = clock, deadline
+    self._done = threading.Event()
+    self._value: Any = None
+    self._error: Optional[BaseException] = None
+    options = run_options(max(0.0, deadline - clock()) + grace_secs)
+    self._thread = threading.Thread(
+        target=self._run, args=(session, fetches, feed_dict, options), daemon=True, name=name)
+    self._thread.start()
+
+  def _run(self, session, fetches, feed_dict, options) -> None:
+    try:
+      self._value = session.run(fetches, feed_dict=feed_dict, options=options)
+    except BaseException as e:  # pylint: disable=broad-except; handed to result()'s caller
+      self._error = e
+    finally:
+      self._done.set()
+
+  @property
+  def done(self) -> bool:
+    return self._done.is_set()
+
+  def wait_until_deadline(self, tick_secs: float,
+                          on_tick: Callable[[float], None] = lambda waited: None) -> bool:
+    """Blocks until the call ends (True) or the deadline passes (False, the call is abandoned).
+
+    Calls `on_tick(seconds waited)` every `tick_secs` while the call runs. An exception from
+    `on_tick` propagates (the call is then abandoned too).
+    """
+    start = self._clock()
+    remaining = self._deadline - start
+    while remaining > 0 and not self._done.wait(min(tick_secs, remaining)):
+      remaining = self._deadline - self._clock()
+      if remaining > 0:
+        on_tick(self._clock() - start)
+    return self._done.is_set()
+
+  def result(self) -> Any:
+    """The run's value, or re-raises its error; call only after the call ended."""
+    if not self._done.is_set():
+      raise RuntimeError("BackgroundRun.result() called before the run ended")
+    if self._error is not None:
+      raise self._error
+    return self._value
