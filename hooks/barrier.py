@@ -1,11 +1,13 @@
 """A reusable, bounded barrier on ps:0 at the start and at the end of every epoch.
 
 Each non-chief worker enqueues one arrival (its epoch statistics) into a queue on ps:0 and
-blocks on its own release queue; the chief dequeues the arrivals, runs its chief actions
-(save the checkpoint), then releases everyone with one enqueue per worker. No task polls
-with sleeps: every wait is a blocking dequeue on the PS with a deadline, re-issued every
-`log_every_secs` only to log who is still missing. Barriers are numbered (start of epoch
-e: 2e, end of epoch e: 2e+1) and checked, so a fast worker's next barrier is never
+blocks on its own release queue; the chief takes every arrival with one blocking
+`dequeue_many`, runs its chief actions (save the checkpoint), then releases everyone with one
+enqueue per worker. No task polls or sleeps, and no blocking dequeue is ever cancelled on the
+normal path: each runs in a thread of its own (`hooks.waiting.BackgroundRun`) while the
+waiting task logs who is still missing every `log_every_secs` (read from the idempotent
+`epochsync/arrived_barrier` variable) and enforces its deadline. Barriers are numbered (start
+of epoch e: 2e, end of epoch e: 2e+1) and checked, so a fast worker's next barrier is never
 confused with this one.
 
 Typical usage:
@@ -14,6 +16,7 @@ Typical usage:
   hooks = [barrier, epoch_input.hook]
 """
 
+import dataclasses
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -23,12 +26,19 @@ import tensorflow as tf
 from hooks import audit as audit_lib
 from hooks.cluster import worker_problems
 from hooks.epoch_input import EpochInput, EpochListener, EpochStats
+from hooks.settings import MIN_LOG_EVERY_SECS
 from hooks.errors import BarrierTimeoutError, ConfigError, EpochSyncError
+from hooks.waiting import BackgroundRun, run_options
 
 __all__ = ["EpochBarrierHook", "ChiefAction"]
 
 _v1 = tf.compat.v1
 _ABORT = -1  # a release carrying this value means the chief gave up waiting
+# (worker id, barrier #, batches, examples, started_at, ended_at) of one arrival.
+_ARRIVAL_DTYPES = [tf.int32, tf.int64, tf.int64, tf.int64, tf.float64, tf.float64]
+_RPC_TIMEOUT_SECS = 60.0  # Runs that cannot block: generous, a busy ps must not fail them.
+_READ_TIMEOUT_SECS = 5.0  # The read of who arrived, for a log line or an error message.
+_ABORT_GRACE_SECS = 2.0  # A worker outwaits its deadline by this much for the chief's abort.
 
 # fn(session, epoch, arrivals by task name) -> fields for the audit line
 ChiefAction = Callable[[object, int, Dict[str, EpochStats]], Dict[str, object]]
@@ -59,7 +69,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     ps_device: the device holding the barrier state.
 
   Raises:
-    ConfigError: for num_workers < 1, a worker_id out of range or non-positive seconds.
+    ConfigError: for num_workers < 1, a worker_id out of range, non-positive seconds or
+      log_every_secs < 0.001.
     BarrierTimeoutError: (at run time) naming the barrier, the epoch and the missing tasks.
   """
 
@@ -74,6 +85,10 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     if min(timeout_secs, startup_timeout_secs, warn_after_secs, log_every_secs) <= 0:
       problems.append("timeout_secs, startup_timeout_secs, warn_after_secs and log_every_secs "
                       "must be > 0 (--epochsync_barrier_timeout_secs, ...)")
+    elif log_every_secs < MIN_LOG_EVERY_SECS:
+      problems.append(f"log_every_secs={log_every_secs!r} must be >= {MIN_LOG_EVERY_SECS} "
+                      "(--epochsync_log_every_secs): more than one line per millisecond helps "
+                      "nobody")
     if problems:
       raise ConfigError("EpochBarrierHook: " + "; ".join(problems))
     self._input = epoch_input
@@ -86,7 +101,6 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self._audit = audit_lib.EpochAudit(audit_dir) if audit_dir and self.is_chief else None
     self._ps_device = ps_device
     self._chief_actions: List[ChiefAction] = []
-    self._arrived_at: Dict[int, float] = {}
     epoch_input.add_listener(self)
 
   def add_chief_action(self, action: ChiefAction) -> None:
@@ -102,31 +116,42 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._arrived = _v1.get_variable(
           "epochsync/arrived_barrier", [n], tf.int64, _v1.constant_initializer(-1),
           trainable=False, use_resource=False)
-      arrive_q = _v1.FIFOQueue(4 * n, [tf.int32, tf.int64, tf.int64, tf.int64, tf.float64],
-                               shapes=[[]] * 5, shared_name="epochsync_barrier_arrive",
-                               name="arrive_q")
-      release_qs = [_v1.FIFOQueue(4, [tf.int64], shapes=[[]],
-                                  shared_name=f"epochsync_barrier_release_{i}",
+      # Unbounded (capacity -1): an enqueue never blocks, so only the dequeues below wait.
+      arrive_q = _v1.FIFOQueue(-1, _ARRIVAL_DTYPES, shapes=[[]] * len(_ARRIVAL_DTYPES),
+                               shared_name="epochsync_barrier_arrivals", name="arrive_q")
+      release_qs = [_v1.FIFOQueue(-1, [tf.int64], shapes=[[]],
+                                  shared_name=f"epochsync_barrier_releases_{i}",
                                   name=f"release_q_{i}") for i in range(n)]
       self._seq = _v1.placeholder(tf.int64, [], "seq")
       self._stats = _v1.placeholder(tf.int64, [2], "batches_examples")
-      self._started = _v1.placeholder(tf.float64, [], "started_at")
-      # The chief only marks itself arrived; the others also enqueue their statistics.
+      self._times = _v1.placeholder(tf.float64, [2], "started_ended_at")
       self._mark_arrived = _v1.scatter_update(self._arrived, [self.worker_id], [self._seq])
+      # A worker: one run enqueues its arrival and marks it; then it waits for its release.
       self._arrive = tf.group(
           arrive_q.enqueue([tf.constant(self.worker_id), self._seq, self._stats[0],
-                            self._stats[1], self._started]), self._mark_arrived)
-      self._take_arrival = arrive_q.dequeue()
-      self._release_value = _v1.placeholder(tf.int64, [], "release")
-      self._release = tf.group(*[q.enqueue([self._release_value]) for q in release_qs[1:]])
+                            self._stats[1], self._times[0], self._times[1]]),
+          self._mark_arrived)
       self._wait_release = release_qs[self.worker_id].dequeue()
-      self._set_completed = self._completed.assign(self._seq)
-    self._global_step = _v1.train.get_global_step()
+      # The chief: one run marks it arrived, takes the n-1 arrivals and then (at an epoch's
+      # end) stores the completed epoch, so that the chief actions' checkpoint holds it.
+      self._new_completed = _v1.placeholder(tf.int64, [], "completed")
+      arrivals = arrive_q.dequeue_many(n - 1) if n > 1 else []
+      with tf.control_dependencies(tf.nest.flatten(arrivals) + [self._mark_arrived]):
+        stored = self._completed.assign(tf.maximum(self._completed, self._new_completed))
+      self._gather = (arrivals, stored)
+      # The chief's release reads global_step (for the audit) while everyone is still held.
+      global_step = _v1.train.get_global_step()
+      step = (tf.identity(global_step) if global_step is not None
+              else tf.constant(-1, tf.int64))
+      self._release_value = _v1.placeholder(tf.int64, [], "release")
+      with tf.control_dependencies([step]):
+        release = tf.group(*[q.enqueue([self._release_value]) for q in release_qs[1:]])
+      self._release = (release, step)
 
   # --- EpochListener -------------------------------------------------------------------
 
   def start_epoch(self, session) -> int:
-    return int(session.run(self._completed))
+    return int(session.run(self._completed, options=run_options(_RPC_TIMEOUT_SECS)))
 
   def session_created(self, session, start_epoch: int) -> None:
     stats = EpochStats(start_epoch, 0, 0, time.time(), time.time())
@@ -138,59 +163,57 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   # --- the barrier ---------------------------------------------------------------------
 
   def _sync(self, session, barrier: str, seq: int, stats: EpochStats, timeout: float):
-    start = time.monotonic()
+    wait = _Wait(barrier, seq, stats.epoch, time.monotonic(), timeout)
     logging.info("%s waiting at %s, epoch %d", self.task_name, barrier, stats.epoch)
     if self.is_chief:
-      session.run(self._mark_arrived, {self._seq: seq})
-      arrivals = self._gather(session, barrier, seq, stats, start, timeout)
-      fields = self._run_chief_actions(session, barrier, seq, stats.epoch, arrivals)
-      audit = self._audit and barrier == "epoch_end"
-      # Read while everyone is held: after the release the next epoch's steps begin.
-      step = (int(session.run(self._global_step))
-              if audit and self._global_step is not None else None)
-      session.run(self._release, {self._release_value: seq})
-      if audit:
-        self._audit.write(stats.epoch, arrivals, time.time(), fields, step)
+      arrivals = self._gather_arrivals(session, wait, stats)
+      fields = self._run_chief_actions(session, wait, arrivals)
+      _, step = self._run(session, self._release, {self._release_value: seq})
+      if self._audit and barrier == "epoch_end":
+        self._audit.write(stats.epoch, arrivals, time.time(), fields,
+                          None if step < 0 else int(step))
     else:
-      session.run(self._arrive, {self._seq: seq, self._stats: [stats.batches, stats.examples],
-                                 self._started: stats.started_at})
-      self._wait_for_release(session, barrier, seq, stats.epoch, start, timeout)
+      self._run(session, self._arrive, {
+          self._seq: seq, self._stats: [stats.batches, stats.examples],
+          self._times: [stats.started_at, stats.ended_at]})
+      self._wait_for_release(session, wait)
     logging.info("%s passed %s, epoch %d, after %.3f s", self.task_name, barrier, stats.epoch,
-                 time.monotonic() - start)
+                 time.monotonic() - wait.start)
 
-  def _gather(self, session, barrier, seq, own: EpochStats, start, timeout):
+  def _gather_arrivals(self, session, wait: "_Wait", own: EpochStats) -> Dict[str, EpochStats]:
+    """The chief: every worker's EpochStats, from one blocking dequeue_many of n-1 arrivals."""
+    completed = own.epoch + 1 if wait.barrier == "epoch_end" else 0
+    call = BackgroundRun(session, self._gather, wait.deadline,
+                         feed_dict={self._seq: wait.seq, self._new_completed: completed},
+                         name=f"epochsync-barrier-{wait.barrier}")
+    if not self._wait(session, call, wait):
+      self._abort(session)
+      self._fail(wait, self._missing(session, wait.seq))
+    try:
+      arrived, _ = call.result()
+    except Exception:
+      self._abort(session)
+      raise
     arrivals = {self.task_name: own}
-    missing = lambda: [n for n in self.worker_names if n not in arrivals]
-    while len(arrivals) < self.num_workers:
-      remaining = timeout - (time.monotonic() - start)
-      if remaining <= 0:
-        self._abort(session)
-        self._fail(barrier, own.epoch, start, timeout, missing())
-      try:
-        worker, got_seq, batches, examples, started = session.run(
-            self._take_arrival, options=_timeout(min(remaining, self._log_every_secs)))
-      except tf.errors.DeadlineExceededError:
-        self._log_waiting(barrier, own.epoch, start, missing())
-        continue
+    for worker, got_seq, *row in (zip(*arrived) if arrived else ()):
       name = self.worker_names[worker]
-      if got_seq != seq:
+      if got_seq != wait.seq:
         self._abort(session)
         raise EpochSyncError(
-            f"{name} arrived at barrier #{got_seq} while the chief waits at {barrier} #{seq} "
-            f"(epoch {own.epoch}): the workers disagree on the epoch; check that every task "
-            "runs the same num_epochs and restarts from the same model_dir")
-      arrivals[name] = EpochStats(own.epoch, int(batches), int(examples), float(started),
-                                  time.time())
+            f"{name} arrived at barrier #{got_seq} while the chief waits at {wait.barrier} "
+            f"#{wait.seq} (epoch {wait.epoch}): the workers disagree on the epoch; check that "
+            "every task runs the same num_epochs and restarts from the same model_dir")
+      arrivals[name] = EpochStats(wait.epoch, int(row[0]), int(row[1]), float(row[2]),
+                                  float(row[3]))
     return arrivals
 
-  def _run_chief_actions(self, session, barrier, seq, epoch, arrivals) -> Dict[str, object]:
+  def _run_chief_actions(self, session, wait: "_Wait", arrivals) -> Dict[str, object]:
     fields: Dict[str, object] = {}
-    if barrier != "epoch_end":
+    if wait.barrier != "epoch_end":
       return fields
     try:
-      session.run(self._set_completed, {self._seq: epoch + 1})
       for action in self._chief_actions:
-        fields.update(action(session, epoch, arrivals) or {})
+        fields.update(action(session, wait.epoch, arrivals) or {})
     except Exception:
       self._abort(session)
       raise
@@ -198,50 +221,82 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def _abort(self, session) -> None:
     """Releases every waiting worker with an abort, so each fails now instead of timing out."""
-    session.run(self._release, {self._release_value: _ABORT})
+    try:
+      self._run(session, self._release, {self._release_value: _ABORT})
+    except tf.errors.OpError as e:  # Already failing: say so, keep the original error.
+      logging.error("%s could not release the workers with an abort: %s", self.task_name,
+                    e.message)
 
-  def _wait_for_release(self, session, barrier, seq, epoch, start, timeout):
-    # The chief releases after its own deadline at the latest; allow one log period more.
-    while time.monotonic() - start < timeout + self._log_every_secs:
-      remaining = timeout + self._log_every_secs - (time.monotonic() - start)
-      try:
-        got = session.run(self._wait_release,
-                          options=_timeout(min(remaining, self._log_every_secs)))
-      except tf.errors.DeadlineExceededError:
-        self._log_waiting(barrier, epoch, start, self._missing(session, seq))
-        continue
-      if got == seq:
-        return
-      if got == _ABORT:
-        self._fail(barrier, epoch, start, timeout, self._missing(session, seq),
-                   "the chief gave up: ")
-      raise EpochSyncError(f"{self.task_name} was released from barrier #{got} while waiting "
-                           f"at {barrier} #{seq} (epoch {epoch}): the workers disagree on "
-                           "the epoch; check num_epochs and model_dir on every task")
-    self._fail(barrier, epoch, start, timeout, self._missing(session, seq))
+  def _wait_for_release(self, session, wait: "_Wait") -> None:
+    # The chief aborts at its own deadline at the latest; its abort needs a moment to arrive.
+    call = BackgroundRun(session, self._wait_release, wait.deadline + _ABORT_GRACE_SECS,
+                         name=f"epochsync-barrier-{wait.barrier}")
+    if not self._wait(session, call, wait):
+      self._fail(wait, self._missing(session, wait.seq))
+    got = call.result()
+    if got == wait.seq:
+      return
+    if got == _ABORT:
+      self._fail(wait, self._missing(session, wait.seq), "the chief gave up: ")
+    raise EpochSyncError(f"{self.task_name} was released from barrier #{got} while waiting "
+                         f"at {wait.barrier} #{wait.seq} (epoch {wait.epoch}): the workers "
+                         "disagree on the epoch; check num_epochs and model_dir on every task")
 
-  def _missing(self, session, seq) -> List[str]:
-    arrived = session.run(self._arrived, options=_timeout(self._log_every_secs))
+  def _wait(self, session, call: BackgroundRun, wait: "_Wait") -> bool:
+    """Waits for `call`, logging who is missing every log period; False at the deadline."""
+    def log_missing(waited: float) -> None:
+      level = logging.WARNING if waited > self._warn_after_secs else logging.INFO
+      missing = self._missing(session, wait.seq)
+      logging.log(level, "%s still waiting at %s, epoch %d, after %.0f s: %s", self.task_name,
+                  wait.barrier, wait.epoch, waited, self._who(missing))
+    return call.wait_until_deadline(self._log_every_secs, log_missing)
+
+  def _missing(self, session, seq) -> Optional[List[str]]:
+    """The tasks that have not arrived at barrier `seq`, or None if the ps did not answer."""
+    try:
+      arrived = session.run(self._arrived, options=run_options(_READ_TIMEOUT_SECS))
+    except tf.errors.OpError as e:
+      logging.warning("%s could not read who arrived from the ps: %s", self.task_name,
+                      e.message)
+      return None
     return [n for n, s in zip(self.worker_names, arrived) if s < seq]
 
-  def _log_waiting(self, barrier, epoch, start, missing):
-    waited = time.monotonic() - start
-    level = logging.WARNING if waited > self._warn_after_secs else logging.INFO
-    logging.log(level, "%s still waiting at %s, epoch %d, after %.0f s: %d/%d arrived; "
-                "missing %s", self.task_name, barrier, epoch, waited,
-                self.num_workers - len(missing), self.num_workers, ", ".join(missing))
+  def _who(self, missing: Optional[List[str]]) -> str:
+    if missing is None:
+      return "the ps did not say who arrived (check the ps tasks' logs)"
+    return (f"{self.num_workers - len(missing)}/{self.num_workers} arrived; "
+            + (f"missing {', '.join(missing)}" if missing else
+               f"waiting for {self.worker_names[0]} to release them"))
 
-  def _fail(self, barrier, epoch, start, timeout, missing, why=""):
-    flag = ("--epochsync_startup_timeout_secs" if barrier == "start"
+  def _fail(self, wait: "_Wait", missing: Optional[List[str]], why: str = ""):
+    flag = ("--epochsync_startup_timeout_secs" if wait.barrier == "start"
             else "--epochsync_barrier_timeout_secs")
-    arrived = f"{self.num_workers - len(missing)}/{self.num_workers} arrived; "
-    who = (f"missing {', '.join(missing)} (check their logs or raise {flag})" if missing else
-           f"{self.worker_names[0]} did not release them (check its log)")
-    message = (f'barrier "{barrier}" timed out after {time.monotonic() - start:.0f} s '
-               f"(limit {timeout:g} s) in epoch {epoch} on {self.task_name}: {why}{arrived}{who}")
+    if missing:
+      who = f"{self._who(missing)} (check their logs or raise {flag})"
+    elif missing is None:
+      who = self._who(missing)
+    else:
+      who = (f"{self.num_workers}/{self.num_workers} arrived; {self.worker_names[0]} did not "
+             "release them (check its log)")
+    message = (f'barrier "{wait.barrier}" timed out after {time.monotonic() - wait.start:.0f} s '
+               f"(limit {wait.timeout:g} s) in epoch {wait.epoch} on {self.task_name}: {why}{who}")
     logging.error(message)
-    raise BarrierTimeoutError(message, missing)
+    raise BarrierTimeoutError(message, missing or ())
+
+  def _run(self, session, fetches, feed_dict):
+    """A run that cannot block (an enqueue into an unbounded queue, a variable update)."""
+    return session.run(fetches, feed_dict, options=run_options(_RPC_TIMEOUT_SECS))
 
 
-def _timeout(secs: float):
-  return _v1.RunOptions(timeout_in_ms=max(1, int(secs * 1000)))
+@dataclasses.dataclass(frozen=True)
+class _Wait:
+  """One task's wait at one barrier: which, and its deadline on the monotonic clock."""
+  barrier: str
+  seq: int
+  epoch: int
+  start: float
+  timeout: float
+
+  @property
+  def deadline(self) -> float:
+    return self.start + self.timeout

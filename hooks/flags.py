@@ -33,11 +33,14 @@ __all__ = [
 _DEFAULTS = _settings.EpochSyncSettings()
 
 
-def _define_secs(name: str, default: float, help_text: str) -> flags.FlagHolder:
-  """DEFINE_float with the rule "finite and > 0" registered next to it."""
+def _define_secs(name: str, default: float, help_text: str,
+                 minimum: float = 0.0) -> flags.FlagHolder:
+  """DEFINE_float with the rule "finite and > 0" (or ">= minimum") registered next to it."""
   holder = flags.DEFINE_float(name, default, help_text)
-  flags.register_validator(name, lambda v: v is not None and math.isfinite(v) and v > 0,
-                           message="must be a finite number of seconds > 0")
+  rule = f">= {minimum}" if minimum else "> 0"
+  flags.register_validator(
+      name, lambda v: v is not None and math.isfinite(v) and v > 0 and v >= minimum,
+      message=f"must be a finite number of seconds {rule}")
   return holder
 
 
@@ -63,7 +66,8 @@ WARN_AFTER_SECS = _define_secs(
     "--epochsync_barrier_timeout_secs.")
 LOG_EVERY_SECS = _define_secs(
     "epochsync_log_every_secs", _DEFAULTS.log_every_secs,
-    "Period of the INFO lines listing who is still missing during a wait.")
+    "Period of the INFO lines listing who is still missing during a wait; only the logging "
+    "depends on it, never a deadline.", minimum=_settings.MIN_LOG_EVERY_SECS)
 SYNC = flags.DEFINE_bool(
     "epochsync_sync", _DEFAULTS.sync,
     "Aggregate gradients synchronously over the active workers (else train asynchronously).")

@@ -11,7 +11,11 @@ from typing import Any, Callable
 
 from hooks.errors import raise_if_problems
 
-__all__ = ["EpochSyncSettings"]
+__all__ = ["EpochSyncSettings", "MIN_LOG_EVERY_SECS"]
+
+# The shortest log period accepted: every wait holds its deadline whatever the period (the
+# waits do not depend on it), but more than one "still waiting" line per millisecond is noise.
+MIN_LOG_EVERY_SECS = 0.001
 
 
 def _positive_secs(v: Any) -> bool:
@@ -32,7 +36,7 @@ class EpochSyncSettings:
     startup_timeout_secs: `float` deadline for every task to come up, > 0.
     step_timeout_secs: `float` deadline of one synchronous step, > 0.
     warn_after_secs: `float` a wait logs a WARNING after this long; > 0, < barrier_timeout_secs.
-    log_every_secs: `float` period of the "still waiting" INFO lines, > 0.
+    log_every_secs: `float` period of the "still waiting" INFO lines, >= 0.001.
     sync: `bool` aggregate gradients synchronously.
     divide_by_initial_workers: `bool` average over the initial, not the active, worker count.
 
@@ -66,7 +70,8 @@ class EpochSyncSettings:
     _validate("warn_after_secs", lambda v: not _positive_secs(v) or v < self.barrier_timeout_secs,
               f"must be < barrier_timeout_secs={self.barrier_timeout_secs!r}; lower it or raise "
               "the timeout")
-    _validate("log_every_secs", _positive_secs, secs)
+    _validate("log_every_secs", lambda v: _positive_secs(v) and v >= MIN_LOG_EVERY_SECS,
+              f"must be a finite number of seconds >= {MIN_LOG_EVERY_SECS}")
     _validate("sync", is_bool, "must be True or False")
     _validate("divide_by_initial_workers", is_bool, "must be True or False")
     raise_if_problems(problems, "EpochSyncSettings")

@@ -62,8 +62,11 @@ class TestEpochSyncFlags:
       ("--epochsync_num_epochs=0", r"flag --epochsync_num_epochs=0: .*positive integer"),
       ("--epochsync_num_workers=0", r"flag --epochsync_num_workers=0: .*positive integer"),
       ("--epochsync_num_epochs=two", r"flag --epochsync_num_epochs=two: invalid literal"),
-  ] + [(f"--{name}={value}", rf"flag --{name}={value}: must be a finite number of seconds > 0")
-       for name in SECS_FLAGS for value in ("0.0", "-1.0", "inf")])
+  ] + [(f"--{name}={value}", rf"flag --{name}={value}: must be a finite number of seconds "
+        + (">= 0.001" if name == "epochsync_log_every_secs" else "> 0"))
+       for name in SECS_FLAGS for value in ("0.0", "-1.0", "inf")] + [
+      ("--epochsync_log_every_secs=0.0009",
+       r"flag --epochsync_log_every_secs=0.0009: must be a finite number of seconds >= 0.001")])
   def test_bad_value(self, parse, arg, match):
     with pytest.raises(flags.IllegalFlagValueError, match=match):
       parse(arg)

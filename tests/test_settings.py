@@ -11,7 +11,7 @@ from hooks.settings import EpochSyncSettings
 
 
 def test_exports():
-  assert settings_lib.__all__ == ["EpochSyncSettings"]
+  assert settings_lib.__all__ == ["EpochSyncSettings", "MIN_LOG_EVERY_SECS"]
 
 
 class TestEpochSyncSettings:
@@ -29,7 +29,8 @@ class TestEpochSyncSettings:
       ("startup_timeout_secs", -1.0, "must be a finite number of seconds > 0"),
       ("step_timeout_secs", float("inf"), "must be a finite number of seconds > 0"),
       ("warn_after_secs", float("nan"), "must be a finite number of seconds > 0"),
-      ("log_every_secs", "30", "must be a finite number of seconds > 0"),
+      ("log_every_secs", "30", "must be a finite number of seconds >= 0.001"),
+      ("log_every_secs", 0.0009, "must be a finite number of seconds >= 0.001"),
       ("sync", 1, "must be True or False"),
       ("divide_by_initial_workers", None, "must be True or False"),
   ])
