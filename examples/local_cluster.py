@@ -30,13 +30,30 @@ _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, audit, summari
                                  "(default: a new temporary directory).")
 
 
+def _demo_timeouts(task_args):
+  """The demo's short timeouts, for each --epochsync_* timeout flag the task args leave unset.
+
+  The warning comes at half the barrier timeout at most, so that a user's lower
+  --epochsync_barrier_timeout_secs never conflicts with the demo's own warning threshold.
+  """
+  given = {arg.split("=")[0].lstrip("-") for arg in task_args}
+  barrier = 120.0
+  for arg in task_args:
+    if arg.startswith("--epochsync_barrier_timeout_secs="):
+      barrier = float(arg.split("=", 1)[1])
+  defaults = {"epochsync_barrier_timeout_secs": barrier,
+              "epochsync_startup_timeout_secs": 120.0,
+              "epochsync_log_every_secs": 10.0,
+              "epochsync_warn_after_secs": min(30.0, barrier / 2)}
+  return [f"--{name}={value:g}" for name, value in defaults.items() if name not in given]
+
+
 def main(argv):
   model_dir = _MODEL_DIR.value or tempfile.mkdtemp(prefix="epochsync-demo-")
   command = [sys.executable, "-m", "examples.train", "--model_dir=" + model_dir,
              "--shard_batches=" + ",".join(_SHARDS.value),
-             f"--epochsync_num_epochs={_NUM_EPOCHS.value}",
-             "--epochsync_barrier_timeout_secs=120", "--epochsync_startup_timeout_secs=120",
-             "--epochsync_log_every_secs=10", "--epochsync_warn_after_secs=30"] + argv[1:]
+             f"--epochsync_num_epochs={_NUM_EPOCHS.value}"]
+  command += _demo_timeouts(argv[1:]) + argv[1:]
   cluster = LocalCluster(num_workers=_NUM_WORKERS.value, num_ps=_NUM_PS.value,
                          timeout_secs=_TIMEOUT.value, stream_logs=_STREAM.value,
                          log_dir=os.path.join(model_dir, "logs"))

@@ -18,10 +18,12 @@ from hooks import graph_keys
 from hooks.cluster import worker_problems
 from hooks.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError
+from hooks.waiting import run_options
 
 __all__ = ["WorkerDoneHook"]
 
 _v1 = tf.compat.v1
+_RPC_TIMEOUT_SECS = 60.0
 
 
 class WorkerDoneHook(_v1.train.SessionRunHook, EpochListener):
@@ -73,7 +75,9 @@ class WorkerDoneHook(_v1.train.SessionRunHook, EpochListener):
     self._extra = _v1.get_collection(graph_keys.DONE_OPS)
 
   def epoch_ended(self, session, stats: EpochStats) -> None:
-    num_done, _ = session.run([self._num_done, self._extra], {self._epoch: stats.epoch})
+    # Cannot block (a scatter and enqueues into unbounded queues); the deadline is generous.
+    num_done, _ = session.run([self._num_done, self._extra], {self._epoch: stats.epoch},
+                              options=run_options(_RPC_TIMEOUT_SECS))
     logging.info("%s done with epoch %d: %d batches, %d examples; %d/%d workers done",
                  self.task_name, stats.epoch, stats.batches, stats.examples, num_done,
                  self.num_workers)

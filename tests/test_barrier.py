@@ -254,6 +254,21 @@ class TestEpochBarrierHookTimeouts:
     assert info.match(r"\(limit 1 s\)")
     assert info.match(r"\(check their logs or raise --epochsync_startup_timeout_secs\)$"), message
 
+  @pytest.mark.parametrize("log_every_secs", [0.001, 3600])
+  @pytest.mark.parametrize("worker_id,earliest,latest", [(0, 1, 2.5), (1, 3, 4.5)],
+                           ids=["chief", "worker"])
+  def test_the_deadline_holds_for_every_log_period(self, log_every_secs, worker_id, earliest,
+                                                   latest):
+    # The chief gives up at its deadline, a worker 2 s later (the chief's abort's grace).
+    epoch_input, _, _ = _model(task_name=f"worker:{worker_id}")
+    barrier = _barrier(epoch_input, num_workers=2, worker_id=worker_id, timeout_secs=1,
+                       startup_timeout_secs=1, warn_after_secs=0.5,
+                       log_every_secs=log_every_secs)
+    start = time.monotonic()
+    with pytest.raises(BarrierTimeoutError, match=r'^barrier "start" timed out .* 1/2 arrived'):
+      v1.train.MonitoredSession(hooks=[barrier, epoch_input.hook])
+    assert earliest <= time.monotonic() - start < latest
+
   def test_chief_names_every_missing_worker(self):
     epoch_input, _, _ = _model()
     names = ("chief:0", "worker:0", "worker:1")
