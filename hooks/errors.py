@@ -15,6 +15,7 @@ The tree:
     |   +-- BarrierTimeoutError     an epoch barrier (start / epoch_end) expired
     |   +-- StepTimeoutError        a synchronous step's gradients or token never came
     |   +-- StartupTimeoutError     a worker's session: the chief never initialised the model
+    +-- TaskDiedError               a task this one waited for died or restarted
     +-- EpochIncompleteError        the session ended before num_epochs finished
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "BarrierTimeoutError",
     "StepTimeoutError",
     "StartupTimeoutError",
+    "TaskDiedError",
     "EpochIncompleteError",
     "raise_if_problems",
 ]
@@ -67,6 +69,22 @@ class StepTimeoutError(SyncTimeoutError):
 
 class StartupTimeoutError(SyncTimeoutError):
   """A worker's session creation timed out; `missing` names the chief it waited for."""
+
+
+class TaskDiedError(EpochSyncError):
+  """A task this one waited for died or restarted (its server is gone or has a new incarnation).
+
+  Attributes:
+    task: the dead task's name ("worker:2", "chief:0", "ps:1").
+    where: where this task waited for it ('at barrier "epoch_end" in epoch 1').
+  """
+
+  def __init__(self, message: str, task: str, where: str = ""):
+    super().__init__(message)
+    self.task, self.where = task, where
+
+  def __reduce__(self):
+    return (TaskDiedError, (str(self), self.task, self.where))
 
 
 class EpochIncompleteError(EpochSyncError):
