@@ -27,7 +27,8 @@ from hooks import audit as audit_lib
 from hooks.cluster import worker_problems
 from hooks.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.settings import MIN_LOG_EVERY_SECS
-from hooks.errors import BarrierTimeoutError, ConfigError, EpochSyncError
+from hooks.errors import BarrierTimeoutError, ConfigError, EpochSyncError, TaskDiedError
+from hooks.liveness import LivenessMonitor, explain_lost_session
 from hooks.waiting import BackgroundRun, run_options
 
 __all__ = ["EpochBarrierHook", "ChiefAction"]
@@ -67,11 +68,15 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     log_every_secs: `float`, period of the "still missing" lines while waiting.
     audit_dir: where the chief appends `epochsync_epochs.jsonl`; None disables it.
     ps_device: the device holding the barrier state.
+    liveness: a `LivenessMonitor` (`hooks.liveness.monitor_for(config)`): while waiting, the
+      chief probes the other workers and the ps tasks, a worker the chief and the ps tasks,
+      once a second, and a dead one ends the wait with TaskDiedError. None: timeouts only.
 
   Raises:
     ConfigError: for num_workers < 1, a worker_id out of range, non-positive seconds or
       log_every_secs < 0.001.
     BarrierTimeoutError: (at run time) naming the barrier, the epoch and the missing tasks.
+    TaskDiedError: (at run time) a task it waited for died, named with the barrier and epoch.
   """
 
   order = 20
@@ -80,7 +85,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                worker_names: Optional[Sequence[str]] = None, timeout_secs: float = 1800.0,
                startup_timeout_secs: float = 600.0, warn_after_secs: float = 60.0,
                log_every_secs: float = 30.0, audit_dir: Optional[str] = None,
-               ps_device: str = "/job:ps/task:0"):
+               ps_device: str = "/job:ps/task:0",
+               liveness: Optional[LivenessMonitor] = None):
     problems = worker_problems(num_workers, worker_id, worker_names)
     if min(timeout_secs, startup_timeout_secs, warn_after_secs, log_every_secs) <= 0:
       problems.append("timeout_secs, startup_timeout_secs, warn_after_secs and log_every_secs "
@@ -100,6 +106,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self._warn_after_secs, self._log_every_secs = warn_after_secs, log_every_secs
     self._audit = audit_lib.EpochAudit(audit_dir) if audit_dir and self.is_chief else None
     self._ps_device = ps_device
+    self._liveness = liveness
     self._chief_actions: List[ChiefAction] = []
     epoch_input.add_listener(self)
 
@@ -179,6 +186,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._wait_for_release(session, wait)
     logging.info("%s passed %s, epoch %d, after %.3f s", self.task_name, barrier, stats.epoch,
                  time.monotonic() - wait.start)
+    if barrier == "start" and self._liveness:  # Every task is up: note who answers as whom.
+      self._liveness.probe(sorted(self._liveness.addresses))
 
   def _gather_arrivals(self, session, wait: "_Wait", own: EpochStats) -> Dict[str, EpochStats]:
     """The chief: every worker's EpochStats, from one blocking dequeue_many of n-1 arrivals."""
@@ -190,7 +199,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._abort(session)
       self._fail(wait, self._missing(session, wait.seq))
     try:
-      arrived, _ = call.result()
+      arrived, _ = self._result(call, wait)
     except Exception:
       self._abort(session)
       raise
@@ -233,23 +242,55 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                          name=f"epochsync-barrier-{wait.barrier}")
     if not self._wait(session, call, wait):
       self._fail(wait, self._missing(session, wait.seq))
-    got = call.result()
+    got = self._result(call, wait)
     if got == wait.seq:
       return
     if got == _ABORT:
+      if self._liveness:  # The chief may have given up because a task died: name it.
+        self._liveness.raise_if_any_died(wait.where)
       self._fail(wait, self._missing(session, wait.seq), "the chief gave up: ")
     raise EpochSyncError(f"{self.task_name} was released from barrier #{got} while waiting "
                          f"at {wait.barrier} #{wait.seq} (epoch {wait.epoch}): the workers "
                          "disagree on the epoch; check num_epochs and model_dir on every task")
 
   def _wait(self, session, call: BackgroundRun, wait: "_Wait") -> bool:
-    """Waits for `call`, logging who is missing every log period; False at the deadline."""
-    def log_missing(waited: float) -> None:
-      level = logging.WARNING if waited > self._warn_after_secs else logging.INFO
-      missing = self._missing(session, wait.seq)
-      logging.log(level, "%s still waiting at %s, epoch %d, after %.0f s: %s", self.task_name,
-                  wait.barrier, wait.epoch, waited, self._who(missing))
-    return call.wait_until_deadline(self._log_every_secs, log_missing)
+    """Waits for `call`, logging who is missing every log period; False at the deadline.
+
+    With a liveness monitor it also probes the tasks it waits for every second; a dead one
+    ends the wait with TaskDiedError (the chief first releases the others with an abort).
+    """
+    tick = self._log_every_secs
+    peers: List[str] = []
+    if self._liveness:
+      tick = min(tick, self._liveness.period_secs)
+      ps = [n for n in sorted(self._liveness.addresses) if n.startswith("ps:")]
+      peers = [n for n in self.worker_names if n != self.task_name] if self.is_chief else [
+          self.worker_names[0]]
+      peers = [n for n in peers + ps if n in self._liveness.addresses]
+    next_log = self._log_every_secs
+
+    def on_tick(waited: float) -> None:
+      nonlocal next_log
+      if peers and waited >= self._liveness.period_secs:
+        try:
+          self._liveness.check(peers, wait.where)
+        except TaskDiedError:
+          if self.is_chief:
+            self._abort(session)
+          raise
+      if waited >= next_log:
+        next_log = waited + self._log_every_secs
+        level = logging.WARNING if waited > self._warn_after_secs else logging.INFO
+        logging.log(level, "%s still waiting at %s, epoch %d, after %.0f s: %s", self.task_name,
+                    wait.barrier, wait.epoch, waited, self._who(self._missing(session, wait.seq)))
+    return call.wait_until_deadline(tick, on_tick)
+
+  def _result(self, call: BackgroundRun, wait: "_Wait"):
+    """The call's value; a lost session (UNAVAILABLE, ABORTED) becomes an error of ours."""
+    try:
+      return call.result()
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+      raise explain_lost_session(e, self._liveness, self.task_name, wait.where) from e
 
   def _missing(self, session, seq) -> Optional[List[str]]:
     """The tasks that have not arrived at barrier `seq`, or None if the ps did not answer."""
@@ -300,3 +341,7 @@ class _Wait:
   @property
   def deadline(self) -> float:
     return self.start + self.timeout
+
+  @property
+  def where(self) -> str:
+    return f'at barrier "{self.barrier}" in epoch {self.epoch}'

@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
+from hooks import liveness
 from hooks.barrier import EpochBarrierHook
 from hooks.checkpointing import ChiefSaveAfterBarrierHook
 from hooks.cluster import ClusterConfig
@@ -33,6 +34,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   """The hooks of one training task, in the order they must run.
 
   The chief also gets the per-epoch save (when `model_dir` is set) and writes the audit.
+  The barrier and `sync_hook` probe the tasks they wait for (`hooks.liveness`), so a dead
+  task ends every wait within seconds with TaskDiedError, whatever the timeouts.
   `sync_hook` (the sync optimizer's `make_session_run_hook`) goes first, so the chief's
   gradient aggregation runs before any epoch work; `epoch_input.hook` goes last.
 
@@ -50,12 +53,15 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   settings = settings or EpochSyncSettings()
   common = dict(num_workers=config.num_workers, worker_id=config.worker_id,
                 worker_names=config.worker_names)
+  monitor = liveness.monitor_for(config)
   done = WorkerDoneHook(epoch_input, **common)
   barrier = EpochBarrierHook(
       epoch_input, **common, timeout_secs=settings.barrier_timeout_secs,
       startup_timeout_secs=settings.startup_timeout_secs,
       warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
-      audit_dir=model_dir)
+      audit_dir=model_dir, liveness=monitor)
+  if hasattr(sync_hook, "use_liveness"):
+    sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   hooks: List[tf.compat.v1.train.SessionRunHook] = [sync_hook] if sync_hook else []
   hooks += [done, barrier]
   if config.is_chief and model_dir:

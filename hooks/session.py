@@ -1,8 +1,12 @@
-"""Session creators that start a cluster's sessions quickly and within a deadline.
+"""Session creators that start a cluster's sessions quickly, within a deadline, and only once.
 
 TensorFlow's WorkerSessionCreator polls for the chief's initialisation every 30 s
-(`recovery_wait_secs`), so a worker that asks a moment too early loses half a minute.
-These creators poll every `poll_secs` and give up after `startup_timeout_secs`.
+(`recovery_wait_secs`), so a worker that asks a moment too early loses half a minute, and
+TensorFlow's session creation waits for the ps tasks with no deadline. These creators first
+wait (bounded by `startup_timeout_secs`) until the tasks they need answer, a worker polls the
+chief every `poll_secs` and notices within a second when the chief or a ps dies, and neither
+re-creates a session after MonitoredSession lost one: an epoch-synchronized job cannot resume
+on one task alone, so they raise TaskDiedError naming the dead task instead.
 
 Typical usage:
   creator = hooks.session.session_creator(config, checkpoint_dir=model_dir)
@@ -11,19 +15,50 @@ Typical usage:
       sess.run(train_op)
 """
 
-from typing import Optional
+import time
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from hooks import liveness as liveness_lib
 from hooks.cluster import ClusterConfig
-from hooks.errors import StartupTimeoutError
+from hooks.errors import EpochSyncError, StartupTimeoutError
+from hooks.liveness import LivenessMonitor
 
-__all__ = ["FastWorkerSessionCreator", "session_creator"]
+__all__ = ["FastWorkerSessionCreator", "EpochSyncChiefSessionCreator", "session_creator"]
 
 _v1 = tf.compat.v1
+_RECREATE = "when MonitoredSession tried to re-create its lost session"
 
 
-class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator):
+class _OnceAndAlive:
+  """What both creators share: wait for the needed tasks first, and refuse a second session."""
+
+  def _setup_liveness(self, liveness: Optional[LivenessMonitor], needed: Sequence[str],
+                      task_name: str, startup_timeout_secs: float) -> None:
+    self._liveness, self._needed = liveness, [n for n in needed
+                                               if liveness and n in liveness.addresses]
+    self._task, self._startup_timeout = task_name, startup_timeout_secs
+    self._created = False
+
+  def _before_create(self) -> float:
+    """Refuses a re-creation; waits until the needed tasks answer. Returns the deadline."""
+    if self._created:
+      if self._liveness:
+        self._liveness.raise_if_any_died(_RECREATE)
+      raise EpochSyncError(
+          f"{self._task} lost its session (a task or the network failed; see the log above) "
+          "and epoch-synchronized training cannot resume it on one task alone: restart the "
+          "whole job (every task) from the same model_dir; it resumes at the first unsaved "
+          "epoch")
+    self._created = True
+    deadline = time.monotonic() + self._startup_timeout
+    if self._liveness and self._needed:
+      self._liveness.wait_until_up(self._needed, deadline, "before creating its session")
+    return deadline
+
+
+class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
   """A WorkerSessionCreator that re-checks readiness every `poll_secs` instead of 30 s.
 
     creator = FastWorkerSessionCreator(master=server.target, poll_secs=0.5,
@@ -34,21 +69,35 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator):
     poll_secs: `float`, seconds between two readiness checks.
     task_name: `str`, this task ("worker:1"), and chief_name: the task that initialises
       the model ("chief:0"); both only for the timeout's message.
+    liveness: a `LivenessMonitor`; then the creator first waits for `needed` (default: the
+      chief and every ps task) to answer, and a chief or ps that dies while this worker
+      waits raises TaskDiedError within a second or two. None: the deadline only.
+    needed: task names this worker waits for.
     Other args as `tf.compat.v1.train.WorkerSessionCreator`.
 
   Raises:
-    StartupTimeoutError: from create_session() after `max_wait_secs`, naming the chief.
+    StartupTimeoutError: from create_session() after `max_wait_secs`, naming the chief (or the
+      tasks that never came up).
+    TaskDiedError: the chief or a ps died during the wait, or (on a second call, when
+      MonitoredSession re-creates a lost session) a task is found dead.
+    EpochSyncError: on a second call when no task is found dead.
   """
 
   def __init__(self, scaffold=None, master: str = "", config=None,
                max_wait_secs: float = 600.0, poll_secs: float = 0.5,
-               task_name: str = "this worker", chief_name: str = "the chief"):
+               task_name: str = "this worker", chief_name: str = "the chief",
+               liveness: Optional[LivenessMonitor] = None,
+               needed: Optional[Sequence[str]] = None):
     super().__init__(scaffold=scaffold, master=master, config=config,
                      max_wait_secs=max_wait_secs)
     self._poll_secs, self._max_wait = poll_secs, max_wait_secs
     self._task_name, self._chief_name = task_name, chief_name
+    if needed is None and liveness is not None:
+      needed = [chief_name] + [n for n in sorted(liveness.addresses) if n.startswith("ps:")]
+    self._setup_liveness(liveness, needed or (), task_name, max_wait_secs)
 
   def create_session(self):
+    self._before_create()
     try:
       return super().create_session()
     except tf.errors.DeadlineExceededError as e:
@@ -57,9 +106,14 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator):
           f"model is still not initialised; missing {self._chief_name} (check its log or raise "
           f"--epochsync_startup_timeout_secs)", [self._chief_name]) from e
 
+  def _between_polls(self) -> None:
+    if self._liveness and self._needed:
+      self._liveness.check(self._needed, f"for {self._chief_name} to initialise the model")
+
   def _get_session_manager(self):
     if self._session_manager is None:
-      self._session_manager = _v1.train.SessionManager(
+      self._session_manager = _PollingSessionManager(
+          self._between_polls,
           local_init_op=self._scaffold.local_init_op,
           local_init_feed_dict=self._scaffold.local_init_feed_dict,
           ready_op=self._scaffold.ready_op,
@@ -69,18 +123,66 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator):
     return self._session_manager
 
 
+class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive):
+  """A ChiefSessionCreator that waits for the ps tasks with a deadline and creates one session.
+
+    creator = EpochSyncChiefSessionCreator(master=server.target, checkpoint_dir=model_dir,
+                                           liveness=monitor_for(config))
+    sess = tf.compat.v1.train.MonitoredSession(session_creator=creator)
+
+  Args:
+    liveness: a `LivenessMonitor`; the creator first waits until every ps task answers.
+    startup_timeout_secs: `float`, how long it waits for them.
+    task_name: `str`, this task, for messages.
+    Other args as `tf.compat.v1.train.ChiefSessionCreator`.
+
+  Raises:
+    StartupTimeoutError: a ps task never came up, naming it.
+    TaskDiedError / EpochSyncError: on a second call (see FastWorkerSessionCreator).
+  """
+
+  def __init__(self, scaffold=None, master: str = "", config=None,
+               checkpoint_dir: Optional[str] = None, checkpoint_filename_with_path=None,
+               liveness: Optional[LivenessMonitor] = None,
+               startup_timeout_secs: float = 600.0, task_name: str = "the chief"):
+    super().__init__(scaffold=scaffold, master=master, config=config,
+                     checkpoint_dir=checkpoint_dir,
+                     checkpoint_filename_with_path=checkpoint_filename_with_path)
+    needed = [n for n in sorted(liveness.addresses) if n.startswith("ps:")] if liveness else []
+    self._setup_liveness(liveness, needed, task_name, startup_timeout_secs)
+
+  def create_session(self):
+    self._before_create()
+    return super().create_session()
+
+
+class _PollingSessionManager(_v1.train.SessionManager):
+  """A SessionManager whose wait_for_session calls `between_polls()` before each re-check."""
+
+  def __init__(self, between_polls: Callable[[], None], **kwargs):
+    super().__init__(**kwargs)
+    self._between_polls = between_polls
+
+  def _try_run_local_init_op(self, sess):  # The first call of each poll of wait_for_session.
+    self._between_polls()  # raises to end the wait (TaskDiedError)
+    return super()._try_run_local_init_op(sess)
+
+
 def session_creator(config: ClusterConfig, master: str, scaffold=None,
                     checkpoint_dir: Optional[str] = None,
                     startup_timeout_secs: float = 600.0, poll_secs: float = 0.5):
-  """The chief's ChiefSessionCreator (restores `checkpoint_dir`) or a fast worker creator.
+  """The chief's EpochSyncChiefSessionCreator (restores `checkpoint_dir`) or a fast worker one.
 
-  Both use `config.session_config()` so a task only talks to the ps tasks and itself.
+  Both use `config.session_config()` so a task only talks to the ps tasks and itself, and
+  `hooks.liveness.monitor_for(config)` to wait for the tasks they need and to name a dead one.
   """
+  monitor = liveness_lib.monitor_for(config)
   if config.is_chief:
-    return _v1.train.ChiefSessionCreator(
+    return EpochSyncChiefSessionCreator(
         scaffold=scaffold, master=master, config=config.session_config(),
-        checkpoint_dir=checkpoint_dir)
+        checkpoint_dir=checkpoint_dir, liveness=monitor,
+        startup_timeout_secs=startup_timeout_secs, task_name=config.task_name)
   return FastWorkerSessionCreator(
       scaffold=scaffold, master=master, config=config.session_config(),
       max_wait_secs=startup_timeout_secs, poll_secs=poll_secs, task_name=config.task_name,
-      chief_name=config.worker_names[0])
+      chief_name=config.worker_names[0], liveness=monitor)

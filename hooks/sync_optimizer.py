@@ -33,10 +33,11 @@ from hooks.cluster import worker_problems
 from hooks.errors import ConfigError
 from hooks.tokens import SafeSyncTokensHook
 
-__all__ = ["WorkerDoneSyncReplicasOptimizer", "SyncOps", "GRAD", "DONE", "STOP"]
+__all__ = ["WorkerDoneSyncReplicasOptimizer", "SyncOps", "GRAD", "DONE", "STOP", "ABORT_TOKEN"]
 
 _v1 = tf.compat.v1
 GRAD, DONE, STOP = 0, 1, 2  # Marker kinds; STOP ends the chief's loop (SafeSyncTokensHook.end).
+ABORT_TOKEN = -1  # A token no step has: it ends a step blocked on its token (the job is failing).
 _PROGRESS_DONE, _PROGRESS_ACTIVE = -1, -2  # progress[i]: step of i's last GRAD marker, or these.
 
 
@@ -53,6 +54,7 @@ class SyncOps:
   close_markers_op: tf.Operation   # The chief: fails a blocked aggregation (error paths).
   diagnostics: Tuple[tf.Tensor, tf.Tensor]  # (global_step, progress vector) for the watchdog.
   completed_epochs: tf.Variable    # Epochs whose every DONE marker the chief has consumed.
+  abort_step_op: Optional[tf.Operation] = None  # This task: an ABORT_TOKEN ends its blocked step.
 
 
 class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
@@ -197,10 +199,11 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
                                      tf.zeros([n_workers], tf.int64)))
         close = markers.close(cancel_pending_enqueues=False)
         diagnostics = (tf.identity(global_step), progress.read_value())
+        abort_step = tokens[wid].enqueue(tf.constant(ABORT_TOKEN, gs_dtype))
     _v1.add_to_collection(graph_keys.DONE_OPS, done_op)
     _v1.add_to_collection(graph_keys.EPOCH_START_OPS, refresh)
     self.sync_ops = SyncOps(train_op, done_op, refresh, local_step_init, chief_init, aggregate,
-                            stop, close, diagnostics, completed_epochs)
+                            stop, close, diagnostics, completed_epochs, abort_step)
     return train_op
 
   def _aggregate_op(self, num_active, markers, tokens, accums, global_step, completed_epochs):

@@ -17,7 +17,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from absl import logging
 import tensorflow as tf
 
-from hooks.errors import ConfigError, StepTimeoutError
+from hooks.errors import ConfigError, StepTimeoutError, TaskDiedError
+from hooks.liveness import LivenessMonitor, explain_lost_session
 
 __all__ = ["SafeSyncTokensHook"]
 
@@ -83,6 +84,18 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     self._threads: List[threading.Thread] = []
     self.num_updates = 0  # Chief only: aggregation runs that applied gradients.
     self.num_aggregations = 0
+    self._liveness: Optional[LivenessMonitor] = None
+    self._stop_error: Optional[Exception] = None
+    self._epoch_fn: Callable[[], Optional[int]] = lambda: None
+
+  def use_liveness(self, monitor: LivenessMonitor,
+                   epoch_fn: Callable[[], Optional[int]] = lambda: None) -> None:
+    """Probes the chief, the other workers and the ps tasks once a second while a step waits.
+
+    A dead one stops the session at once with TaskDiedError instead of at the step timeout.
+    `epoch_fn()` gives the current epoch for the message (e.g. `lambda: epoch_input.hook.epoch`).
+    """
+    self._liveness, self._epoch_fn = monitor, epoch_fn
 
   def begin(self) -> None:
     self._ops = self._opt.sync_ops
@@ -93,6 +106,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
 
   def after_create_session(self, session, coord) -> None:
     self._stopping.clear()
+    self._stop_error = None
     session.run(self._ops.local_step_init_op)
     self._threads = [threading.Thread(target=self._watch, args=(session, coord), daemon=True,
                                       name=f"epochsync-watchdog-{self.task_name}")]
@@ -117,6 +131,8 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
   def after_run(self, run_context, run_values) -> None:
     with self._lock:
       self._step_started = None
+    if self._stop_error is not None:  # The step ended on an ABORT token.
+      raise self._stop_error
 
   def end(self, session) -> None:
     """Stops the threads: STOP markers end the aggregation run cleanly, then the queue closes."""
@@ -164,17 +180,53 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
                                                       coord.should_stop()):
         return  # The session was closed under a stopping thread.
       logging.error("%s: the gradient aggregation failed: %s", self.task_name, e)
-      coord.request_stop(sys.exc_info())
+      if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+        error = explain_lost_session(e, self._liveness, self.task_name, self._where("while aggregating the gradients"))
+        self._stop_now(session, coord, error)
+      else:
+        coord.request_stop(sys.exc_info())
 
   def _watch(self, session, coord) -> None:
     """Every task's watchdog thread; it ends with the session (end() or a coordinator stop)."""
     tick = min(0.5, self._warn_after / 2, self._timeout / 4)
     read = lambda: session.run(self._ops.diagnostics,
                                options=_v1.RunOptions(timeout_in_ms=_READ_TIMEOUT_MS))
+    if self._liveness:
+      tick = min(tick, self._liveness.period_secs / 2)
     while not self._stopping.is_set() and not coord.wait_for_stop(tick):
       self.check(coord, read)
+      self._check_liveness(session, coord)
     if self._is_chief and not self._stopping.is_set():  # A stop without end(): an error path.
       self._run_bounded(session, self._ops.close_markers_op, "close the marker queue")
+
+  def _check_liveness(self, session, coord) -> None:
+    """Once a step has waited a second: probe the tasks it depends on, stop if one died."""
+    with self._lock:
+      started = self._step_started
+    if (self._liveness is None or started is None or
+        self._clock() - started < self._liveness.period_secs):
+      return
+    peers = [n for n in self._names if n != self.task_name]
+    peers += [n for n in sorted(self._liveness.addresses) if n.startswith("ps:")]
+    try:
+      self._liveness.check([n for n in peers if n in self._liveness.addresses],
+                           self._where("for its running synchronous step"))
+    except TaskDiedError as error:
+      self._stop_now(session, coord, error)
+
+  def _where(self, what: str) -> str:
+    epoch = self._epoch_fn()
+    return what + ("" if epoch is None else f" in epoch {epoch}")
+
+  def _stop_now(self, session, coord, error: Exception) -> None:
+    """Stops the session with `error`; an ABORT token ends this task's step blocked on its token.
+
+    (Closing the session instead would wait for that very step: TensorFlow does not cancel
+    it.) The next after_run() or should_stop() then raises `error`.
+    """
+    self._stop_error = error
+    coord.request_stop((type(error), error, None))
+    self._run_bounded(session, self._ops.abort_step_op, "end the blocked step")
 
   def check(self, coord, read: Callable[[], Tuple[int, Sequence[int]]]) -> None:
     """Warns about or times out the running step; `read` returns (global_step, progress)."""

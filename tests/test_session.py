@@ -6,13 +6,15 @@ import pytest
 import tensorflow as tf
 
 from hooks import session as session_lib
-from hooks.errors import StartupTimeoutError
-from hooks.session import FastWorkerSessionCreator
+from hooks.errors import EpochSyncError, StartupTimeoutError, TaskDiedError
+from hooks.liveness import LivenessMonitor, Probe
+from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 
 
 def test_exports():
-  assert sorted(session_lib.__all__) == ["FastWorkerSessionCreator", "session_creator"]
+  assert sorted(session_lib.__all__) == ["EpochSyncChiefSessionCreator",
+                                         "FastWorkerSessionCreator", "session_creator"]
 
 
 def test_an_uninitialised_model_times_out_naming_the_chief():
@@ -42,3 +44,77 @@ def test_a_model_initialised_by_someone_else_is_found_at_the_next_poll(graph):
       assert list(sess.run(var)) == [1.0, 1.0]
     timer.join()
   assert time.monotonic() - start < 3  # TensorFlow's own creator would sleep 30 s here
+
+
+class _Table:
+  """A probe answering from a dict address -> Probe, for LivenessMonitor."""
+
+  def __init__(self, **answers):
+    self.answers = answers
+
+  def probe(self, address, timeout):
+    return self.answers[address]
+
+
+def _monitor(table):
+  addresses = {"chief:0": "chief", "ps:0": "ps0", "ps:1": "ps1"}
+  return LivenessMonitor(addresses, "worker:0", period_secs=0.1, probe=table.probe)
+
+
+@pytest.mark.timeout(30)
+def test_a_chief_that_dies_while_a_worker_waits_for_it_is_named_within_a_second():
+  v1.get_variable("w", [2], initializer=v1.zeros_initializer())  # nobody initialises it
+  table = _Table(chief=Probe("up", 1), ps0=Probe("up", 2), ps1=Probe("up", 3))
+  creator = FastWorkerSessionCreator(max_wait_secs=60, poll_secs=0.1, task_name="worker:0",
+                                     chief_name="chief:0", liveness=_monitor(table))
+  import threading
+  threading.Timer(0.5, lambda: table.answers.update(chief=Probe("down", None, "gone"))).start()
+  start = time.monotonic()
+  with pytest.raises(TaskDiedError, match=r"^chief:0 died while worker:0 waited for it for "
+                                          r"chief:0 to initialise the model: its server at "
+                                          r"chief is gone: gone\."):
+    v1.train.MonitoredSession(session_creator=creator)
+  assert time.monotonic() - start < 2
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_first_waits_for_its_chief_and_ps_to_come_up():
+  v1.get_variable("w", [2], initializer=v1.zeros_initializer())
+  table = _Table(chief=Probe("up", 1), ps0=Probe("up", 2), ps1=Probe("down", None, "refused"))
+  creator = FastWorkerSessionCreator(max_wait_secs=0.5, task_name="worker:0",
+                                     chief_name="chief:0", liveness=_monitor(table))
+  with pytest.raises(StartupTimeoutError, match=r"ps:1 never came up \(ps:1 at ps1: refused\)"):
+    v1.train.MonitoredSession(session_creator=creator)
+
+
+@pytest.mark.timeout(30)
+def test_the_chief_waits_for_the_ps_tasks_within_its_startup_timeout():
+  table = _Table(chief=Probe("up", 1), ps0=Probe("down", None, "refused"),
+                 ps1=Probe("up", 3))
+  creator = EpochSyncChiefSessionCreator(liveness=_monitor(table), startup_timeout_secs=0.5,
+                                         task_name="chief:0")
+  start = time.monotonic()
+  with pytest.raises(StartupTimeoutError) as info:
+    creator.create_session()
+  assert time.monotonic() - start < 2
+  assert info.value.missing == ("ps:0",)
+
+
+def test_a_second_session_is_refused_naming_the_dead_task():
+  v1.get_variable("w", [2], initializer=v1.zeros_initializer())
+  table = _Table(chief=Probe("up", 1), ps0=Probe("up", 2), ps1=Probe("up", 3))
+  creator = EpochSyncChiefSessionCreator(liveness=_monitor(table), task_name="chief:0")
+  creator.create_session().close()
+  table.answers["ps1"] = Probe("up", 4)  # ps:1 restarted: its variables are gone
+  with pytest.raises(TaskDiedError, match=r"^ps:1 died while worker:0 waited for it when "
+                                          r"MonitoredSession tried to re-create its lost session"
+                                          r": it restarted"):
+    creator.create_session()
+
+
+def test_a_second_session_is_refused_even_without_liveness():
+  creator = EpochSyncChiefSessionCreator(task_name="chief:0")
+  creator.create_session().close()
+  with pytest.raises(EpochSyncError, match=r"^chief:0 lost its session .* restart the whole job "
+                                           r"\(every task\) from the same model_dir"):
+    creator.create_session()

@@ -100,7 +100,7 @@ class TestWorkerDoneSyncReplicasOptimizer:
   def test_exports(self):
     from hooks import sync_optimizer
     assert sorted(sync_optimizer.__all__) == [
-        "DONE", "GRAD", "STOP", "SyncOps", "WorkerDoneSyncReplicasOptimizer"]
+        "ABORT_TOKEN", "DONE", "GRAD", "STOP", "SyncOps", "WorkerDoneSyncReplicasOptimizer"]
     assert sorted(oracle.__all__) == [
         "embedding_mse_gradients", "linear_mse_gradients", "lockstep_sgd"]
 

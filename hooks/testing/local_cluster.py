@@ -44,6 +44,7 @@ class TaskResult:
   timed_out: bool
   log_path: str
   elapsed_secs: float
+  ended_at: Optional[float] = None  # time.monotonic() when it exited (None: still running)
 
   @property
   def log(self) -> str:
@@ -86,6 +87,7 @@ class _Task:
   def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: str,
                stream: bool):
     self.name = name
+    self.argv, self.env, self.stream = list(argv), dict(env), stream
     self.log_path = log_path
     self.started = time.monotonic()
     self.ended: Optional[float] = None
@@ -129,7 +131,7 @@ class _Task:
   def result(self) -> TaskResult:
     end = self.ended if self.ended is not None else time.monotonic()
     return TaskResult(self.name, self.proc.pid, self.proc.returncode, self.timed_out,
-                      self.log_path, end - self.started)
+                      self.log_path, end - self.started, self.ended)
 
 
 class LocalCluster:
@@ -202,15 +204,41 @@ class LocalCluster:
 
   def start(self, command: Sequence[str],
             per_task_args: Optional[Mapping[str, Sequence[str]]] = None) -> None:
-    """Starts every ps task, then every training task running `command` (+ its extra args)."""
+    """Starts every ps task, then every training task running `command` (+ its extra args).
+
+    `per_task_args` maps a task name ("worker:1", "ps:0") to extra arguments of its command.
+    """
     if self._tasks:
       raise RuntimeError("LocalCluster.start() was already called")
     self._deadline = time.monotonic() + self.timeout_secs
     per_task_args = per_task_args or {}
     for i in range(len(self.cluster["ps"])):
-      self._spawn(f"ps:{i}", self._ps_command)
+      self._spawn(f"ps:{i}", list(self._ps_command) + list(per_task_args.get(f"ps:{i}", ())))
     for name in self.training_task_names:
       self._spawn(name, list(command) + list(per_task_args.get(name, ())))
+
+  def kill_task(self, name: str, sig: int = signal.SIGKILL) -> float:
+    """Sends `sig` to task `name`'s process group (a fault test's kill); returns the time.
+
+    Returns:
+      time.monotonic() just after the signal was sent.
+    """
+    _signal_group(self._tasks[name].proc.pid, sig)
+    return time.monotonic()
+
+  def restart_task(self, name: str) -> None:
+    """Starts task `name` again, same command and address (as Kubernetes restarts a pod).
+
+    The old process must have exited (e.g. after kill_task); its log is kept as
+    `<task>.log.<n>`.
+    """
+    old = self._tasks[name]
+    if old.poll() is None:
+      raise RuntimeError(f"{name} is still running; kill it first")
+    old.kill()
+    n = sum(1 for f in os.listdir(self.log_dir) if f.startswith(os.path.basename(old.log_path)))
+    os.rename(old.log_path, f"{old.log_path}.{n}")
+    self._tasks[name] = _Task(name, old.argv, old.env, old.log_path, old.stream)
 
   def _spawn(self, name: str, argv: Sequence[str]) -> None:
     task_type, index = name.split(":")

@@ -4,6 +4,8 @@
   --stall_worker=2 --stall_epoch=1  worker id 2 never reaches the barrier of epoch 1
 """
 
+import faulthandler
+import signal
 import time
 
 from absl import app
@@ -42,6 +44,7 @@ def _extra_hooks(config, epoch_input):
 
 def main(argv):
   del argv
+  faulthandler.register(signal.SIGTERM, chain=True)  # a task killed at a deadline shows where
   train.train(_extra_hooks)
 
 
