@@ -1,8 +1,8 @@
 """The chief's per-epoch audit: one JSON line per finished epoch in the model directory.
 
 Each line says what every worker trained in that epoch (batches, examples), when it
-started and arrived at the barrier, how long it waited there, the global step, and the
-checkpoint the chief saved. It is the proof that every shard was trained exactly once.
+started and arrived at the barrier, how long it waited there, the global step, the
+checkpoint the chief saved, and which attempt (1, then 2 after a restart, ...) trained it. It is the proof that every shard was trained exactly once.
 
 Typical usage:
   for line in hooks.audit.read_audit(model_dir):
@@ -34,6 +34,9 @@ class EpochAudit:
   def __init__(self, directory: str):
     self.path = os.path.join(directory, AUDIT_FILENAME)
     self._directory = directory
+    # Which start of the job on this model_dir wrote a line: 1, then 2 after a restart, ...
+    self.attempt = 1 + max((int(line.get("attempt", 1)) for line in read_audit(directory)),
+                           default=0)
 
   def write(self, epoch: int, arrivals: Mapping[str, object], released_at: float,
             fields: Mapping[str, object], global_step: Optional[int]) -> Dict[str, object]:
@@ -43,7 +46,7 @@ class EpochAudit:
                "arrived_at": s.ended_at, "barrier_wait_secs": round(released_at - s.ended_at, 4)}
         for name, s in sorted(arrivals.items())}
     record = {"epoch": epoch, "global_step": global_step, "released_at": released_at,
-              "workers": workers, **fields}
+              "attempt": self.attempt, "workers": workers, **fields}
     os.makedirs(self._directory, exist_ok=True)
     with open(self.path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")

@@ -24,6 +24,7 @@ from absl import logging
 import tensorflow as tf
 
 from hooks import audit as audit_lib
+from hooks import graph_keys
 from hooks.cluster import worker_problems
 from hooks.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.settings import MIN_LOG_EVERY_SECS
@@ -154,6 +155,11 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       with tf.control_dependencies([step]):
         release = tf.group(*[q.enqueue([self._release_value]) for q in release_qs[1:]])
       self._release = (release, step)
+      # What an earlier run on this ps left behind (e.g. an abort release) is drained at start.
+      drains = [q.dequeue_many(q.size()) for q in [arrive_q] + release_qs]
+      _v1.add_to_collection(graph_keys.RESET_OPS, tf.group(
+          *tf.nest.flatten(drains), self._arrived.assign(tf.fill([n], tf.constant(-1, tf.int64))),
+          name="reset"))
 
   # --- EpochListener -------------------------------------------------------------------
 

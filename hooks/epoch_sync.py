@@ -20,6 +20,7 @@ from hooks.checkpointing import ChiefSaveAfterBarrierHook
 from hooks.cluster import ClusterConfig
 from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput
+from hooks.run_start import RunStartHook
 from hooks.settings import EpochSyncSettings
 
 __all__ = ["epoch_sync_hooks"]
@@ -36,8 +37,9 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   The chief also gets the per-epoch save (when `model_dir` is set) and writes the audit.
   The barrier and `sync_hook` probe the tasks they wait for (`hooks.liveness`), so a dead
   task ends every wait within seconds with TaskDiedError, whatever the timeouts.
-  `sync_hook` (the sync optimizer's `make_session_run_hook`) goes first, so the chief's
-  gradient aggregation runs before any epoch work; `epoch_input.hook` goes last.
+  A RunStartHook goes first (the chief cleans what an earlier run left on the ps tasks, the
+  workers wait for it), then `sync_hook` (the sync optimizer's `make_session_run_hook`), so
+  the chief's gradient aggregation runs before any epoch work; `epoch_input.hook` goes last.
 
   Args:
     config: this task's `ClusterConfig` (a chief or worker task).
@@ -62,7 +64,10 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       audit_dir=model_dir, liveness=monitor)
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
-  hooks: List[tf.compat.v1.train.SessionRunHook] = [sync_hook] if sync_hook else []
+  start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
+                       task_name=config.task_name,
+                       startup_timeout_secs=settings.startup_timeout_secs)
+  hooks: List[tf.compat.v1.train.SessionRunHook] = [start] + ([sync_hook] if sync_hook else [])
   hooks += [done, barrier]
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners))

@@ -8,7 +8,7 @@ Typical usage:
   # WorkerDoneHook runs every op in DONE_OPS once per epoch, when this worker's shard ends.
 """
 
-__all__ = ["DONE_OPS", "EPOCH_START_OPS"]
+__all__ = ["DONE_OPS", "EPOCH_START_OPS", "RESET_OPS"]
 
 # Ops each worker runs once per epoch right after its shard for the epoch is exhausted
 # (immediately at epoch start for an empty shard), before it arrives at the epoch barrier.
@@ -17,3 +17,8 @@ DONE_OPS = "epochsync_done_ops"
 # Ops each worker runs at the start of every epoch (after the start or epoch_end barrier
 # released it, before its first step of the epoch), e.g. refreshing a local step.
 EPOCH_START_OPS = "epochsync_epoch_start_ops"
+
+# Ops the chief runs once at the start of every run, before any task uses the ps-side queues
+# and accumulators (RunStartHook): they drain what an earlier run on the same long-lived ps
+# tasks left behind (arrivals, releases, markers, tokens, half-accumulated gradients).
+RESET_OPS = "epochsync_reset_ops"

@@ -38,6 +38,7 @@ __all__ = ["WorkerDoneSyncReplicasOptimizer", "SyncOps", "GRAD", "DONE", "STOP",
 _v1 = tf.compat.v1
 GRAD, DONE, STOP = 0, 1, 2  # Marker kinds; STOP ends the chief's loop (SafeSyncTokensHook.end).
 ABORT_TOKEN = -1  # A token no step has: it ends a step blocked on its token (the job is failing).
+_NO_STEP = 2**62  # A local_step beyond any run's: an accumulator accepts a gradient marked so.
 _PROGRESS_DONE, _PROGRESS_ACTIVE = -1, -2  # progress[i]: step of i's last GRAD marker, or these.
 
 
@@ -200,11 +201,38 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
         close = markers.close(cancel_pending_enqueues=False)
         diagnostics = (tf.identity(global_step), progress.read_value())
         abort_step = tokens[wid].enqueue(tf.constant(ABORT_TOKEN, gs_dtype))
+      reset = self._reset_op(markers, tokens, accums, progress)
     _v1.add_to_collection(graph_keys.DONE_OPS, done_op)
+    _v1.add_to_collection(graph_keys.RESET_OPS, reset)
     _v1.add_to_collection(graph_keys.EPOCH_START_OPS, refresh)
     self.sync_ops = SyncOps(train_op, done_op, refresh, local_step_init, chief_init, aggregate,
                             stop, close, diagnostics, completed_epochs, abort_step)
     return train_op
+
+  def _reset_op(self, markers, tokens, accums, progress) -> tf.Operation:
+    """Drains what an earlier run on these ps tasks left: markers, tokens, partial gradients.
+
+    An accumulator cannot be emptied directly: one zero gradient with a step no run reaches is
+    applied first, so that take_grad(num_accumulated) has at least one and never blocks.
+    """
+    with tf.device(markers.queue_ref.device):
+      drained = [q.dequeue_many(q.size()) for q in [markers] + tokens]
+      fresh = progress.assign(tf.fill(tf.shape(progress), tf.constant(_PROGRESS_ACTIVE, tf.int64)))
+    cleared = []
+    for accum, var in accums:
+      with tf.device(var.device):
+        if isinstance(accum, _v1.SparseConditionalAccumulator):
+          row = tf.zeros(tf.concat([[1], tf.shape(var)[1:]], 0), accum.dtype)
+          zero = accum.apply_indexed_slices_grad(
+              tf.IndexedSlices(row, tf.constant([0], tf.int64), tf.shape(var, out_type=tf.int64)),
+              _NO_STEP)
+          take = lambda n, a=accum: a.take_indexed_slices_grad(n).values
+        else:
+          zero = accum.apply_grad(tf.zeros_like(var), _NO_STEP)
+          take = accum.take_grad
+        with tf.control_dependencies([zero]):
+          cleared.append(take(accum.num_accumulated()))
+    return tf.group(*tf.nest.flatten(drained), fresh, *cleared, name="reset")
 
   def _aggregate_op(self, num_active, markers, tokens, accums, global_step, completed_epochs):
     """One run: dequeue one step's markers, apply the mean of its gradients, hand out tokens."""

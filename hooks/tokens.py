@@ -135,20 +135,19 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       raise self._stop_error
 
   def end(self, session) -> None:
-    """Stops the threads: STOP markers end the aggregation run cleanly, then the queue closes."""
+    """Stops the threads: STOP markers end the aggregation run cleanly.
+
+    The marker queue stays open: the next run on these ps tasks drains what is left in it
+    (RunStartHook), which a closed queue would forbid.
+    """
     self._stopping.set()
     if self._is_chief:
       self._run_bounded(session, self._ops.stop_op, "send the STOP markers")
     for thread in self._threads[::-1]:
       thread.join(_JOIN_SECS)
-      if thread.is_alive() and self._is_chief:  # Still blocked: fail its dequeue instead.
-        self._run_bounded(session, self._ops.close_markers_op, "close the marker queue")
-        thread.join(_JOIN_SECS)
       if thread.is_alive():
         logging.warning("%s: thread %s did not stop within %.0f s", self.task_name, thread.name,
                         _JOIN_SECS)
-    if self._is_chief:  # Late markers now fail loudly instead of waiting for a token forever.
-      self._run_bounded(session, self._ops.close_markers_op, "close the marker queue")
 
   def _run_bounded(self, session, op, what: str) -> None:
     try:
@@ -197,7 +196,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       self.check(coord, read)
       self._check_liveness(session, coord)
     if self._is_chief and not self._stopping.is_set():  # A stop without end(): an error path.
-      self._run_bounded(session, self._ops.close_markers_op, "close the marker queue")
+      self._run_bounded(session, self._ops.stop_op, "send the STOP markers")
 
   def _check_liveness(self, session, coord) -> None:
     """Once a step has waited a second: probe the tasks it depends on, stop if one died."""

@@ -41,7 +41,7 @@ class TestEpochAudit:
                          fields={"checkpoint": "/m/model.ckpt-epoch0000-5", "saved_at": 104.5},
                          global_step=5)
     expected = {
-        "epoch": 0, "global_step": 5, "released_at": 104.75,
+        "epoch": 0, "global_step": 5, "released_at": 104.75, "attempt": 1,
         "checkpoint": "/m/model.ckpt-epoch0000-5", "saved_at": 104.5,
         "workers": {
             "chief:0": {"batches": 3, "examples": 10, "started_at": 100.25, "arrived_at": 104.0,
@@ -82,3 +82,12 @@ class TestEpochAudit:
     EpochAudit(str(tmp_path)).write(0, {"chief:0": _stats(0, 1, 1, 0.0, 1.0)}, 2.0, {}, 1)
     EpochAudit(str(tmp_path)).write(1, {"chief:0": _stats(1, 1, 1, 2.0, 3.0)}, 4.0, {}, 2)
     assert [line["epoch"] for line in read_audit(str(tmp_path))] == [0, 1]
+
+  def test_each_start_of_the_job_is_a_new_attempt(self, tmp_path):
+    first = EpochAudit(str(tmp_path))
+    first.write(0, {"chief:0": _stats(0, 1, 1, 0.0, 1.0)}, 2.0, {}, 1)
+    first.write(1, {"chief:0": _stats(1, 1, 1, 2.0, 3.0)}, 4.0, {}, 2)
+    assert EpochAudit(str(tmp_path)).attempt == 2
+    EpochAudit(str(tmp_path)).write(2, {"chief:0": _stats(2, 1, 1, 4.0, 5.0)}, 6.0, {}, 3)
+    assert [(l["epoch"], l["attempt"]) for l in read_audit(str(tmp_path))] == [
+        (0, 1), (1, 1), (2, 2)]

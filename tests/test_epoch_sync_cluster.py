@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import cluster_checks
 from hooks.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
@@ -17,40 +18,9 @@ FAST_TIMEOUTS = ["--epochsync_barrier_timeout_secs=60", "--epochsync_startup_tim
                  "--epochsync_log_every_secs=2", "--epochsync_warn_after_secs=10"]
 
 
-def _summaries(model_dir):
-  import json
-  out = {}
-  for path in glob.glob(os.path.join(model_dir, "summary-*.json")):
-    with open(path) as f:
-      row = json.load(f)
-    out[row["task"]] = row
-  return out
-
-
-def _checkpoint_value(prefix, name):
-  import tensorflow as tf
-  return tf.train.load_variable(prefix, name)
-
-
-def _assert_equals_oracle(checkpoint, model, shards, num_epochs):
-  """The checkpoint's parameters are those of lockstep synchronous SGD (numpy, float64)."""
-  import numpy as np
-  from examples import train
-  from hooks.testing import oracle
-  batch, features = 8, 16
-  data = [train.shard_arrays(model, w, n, batch, features) for w, n in enumerate(shards)]
-  batches = [[(x[i:i + batch], y[i:i + batch]) for i in range(0, len(y), batch)] for x, y in data]
-  if model == "embedding":
-    start = {"emb": np.zeros((features, train.EMBEDDING_DIM)), "b": np.zeros(())}
-    gradients = oracle.embedding_mse_gradients
-  else:
-    start, gradients = {"w": np.zeros(features), "b": np.zeros(())}, oracle.linear_mse_gradients
-  expected, steps = oracle.lockstep_sgd(start, batches, gradients, learning_rate=0.05,
-                                        num_epochs=num_epochs)
-  assert _checkpoint_value(checkpoint, "global_step") == steps
-  for name, value in expected.items():
-    np.testing.assert_allclose(_checkpoint_value(checkpoint, name), value, atol=1e-5,
-                               err_msg=f"{name} differs from lockstep synchronous SGD")
+_summaries = cluster_checks.summaries
+_checkpoint_value = cluster_checks.checkpoint_value
+_assert_equals_oracle = cluster_checks.assert_equals_oracle
 
 
 def _run(tmp_path, shards, num_epochs, sync, timeout_secs=90, model="linear", **cluster_args):

@@ -249,3 +249,48 @@ class TestWorkerDoneSyncReplicasOptimizerCluster:
     for name in ("worker:1", "worker:2"):
       assert ("1/3 workers sent their gradient; stale gradient from worker:1, worker:2 "
               "(local_step 4, 1 < 7") in result.tasks[name].log, name
+
+
+class TestResetOp:
+  """The RESET_OPS the chief runs at each start drain what an earlier run left on the ps."""
+
+  def test_drains_markers_tokens_and_half_accumulated_gradients(self):
+    import tensorflow as tf
+    from hooks import graph_keys
+    from hooks import sync_optimizer
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+      global_step = v1.train.get_or_create_global_step()
+      w = v1.get_variable("w", [3], initializer=v1.zeros_initializer(), use_resource=False)
+      emb = v1.get_variable("emb", [5, 2], initializer=v1.zeros_initializer(),
+                            use_resource=False)
+      loss = tf.reduce_sum(w) + tf.reduce_sum(tf.nn.embedding_lookup(emb, [1, 3]))
+      opt = sync_optimizer.WorkerDoneSyncReplicasOptimizer(
+          v1.train.GradientDescentOptimizer(0.1), num_workers=2, worker_id=0)
+      train_op = opt.minimize(loss, global_step=global_step)
+      ops = opt.sync_ops
+      (reset,) = v1.get_collection(graph_keys.RESET_OPS)
+      graph = v1.get_default_graph()
+      queues = [op for op in graph.get_operations() if op.type == "FIFOQueueV2"]
+      accums = [op for op in graph.get_operations()
+                if op.type.endswith("ConditionalAccumulator")]
+      assert len(accums) == 2 and len(queues) == 3  # w (dense), emb (sparse); markers, 2 tokens
+      sizes = [v1.raw_ops.QueueSizeV2(handle=q.outputs[0]) for q in queues]
+      with v1.Session() as sess:
+        sess.run(v1.global_variables_initializer())
+        sess.run(v1.local_variables_initializer())
+        sess.run(ops.chief_init_op)
+        # An earlier run that died mid-step: gradients applied, a marker, a stray token.
+        sess.run([ops.done_op, ops.abort_step_op])
+        applied = [op for op in graph.get_operations() if op.type.endswith(
+            "AccumulatorApplyGradient") and "reset" not in op.name]
+        sess.run(applied)
+        assert sum(sess.run(sizes)) > 0
+        sess.run(reset)
+        assert sess.run(sizes) == [0] * len(sizes)
+        counts = [v1.raw_ops.ResourceAccumulatorNumAccumulated(handle=a.outputs[0])
+                  if a.outputs[0].dtype == tf.resource else
+                  v1.raw_ops.AccumulatorNumAccumulated(handle=a.outputs[0]) for a in accums]
+        assert sess.run(counts) == [0] * len(counts)
+        assert list(sess.run(ops.diagnostics[1])) == [-2, -2]  # every worker active again
+    assert train_op is not None

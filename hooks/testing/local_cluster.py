@@ -226,11 +226,11 @@ class LocalCluster:
     _signal_group(self._tasks[name].proc.pid, sig)
     return time.monotonic()
 
-  def restart_task(self, name: str) -> None:
-    """Starts task `name` again, same command and address (as Kubernetes restarts a pod).
+  def restart_task(self, name: str, argv: Optional[Sequence[str]] = None) -> None:
+    """Starts task `name` again at the same address (as Kubernetes restarts a pod).
 
     The old process must have exited (e.g. after kill_task); its log is kept as
-    `<task>.log.<n>`.
+    `<task>.log.<n>`. `argv` replaces its command (default: the same one).
     """
     old = self._tasks[name]
     if old.poll() is None:
@@ -238,7 +238,7 @@ class LocalCluster:
     old.kill()
     n = sum(1 for f in os.listdir(self.log_dir) if f.startswith(os.path.basename(old.log_path)))
     os.rename(old.log_path, f"{old.log_path}.{n}")
-    self._tasks[name] = _Task(name, old.argv, old.env, old.log_path, old.stream)
+    self._tasks[name] = _Task(name, argv or old.argv, old.env, old.log_path, old.stream)
 
   def _spawn(self, name: str, argv: Sequence[str]) -> None:
     task_type, index = name.split(":")
@@ -278,6 +278,12 @@ class LocalCluster:
       if t.name.startswith("ps:") and t.poll() is not None:
         results[t.name] = t.result()  # a ps must never exit on its own
     return ClusterResult(results, time.monotonic() - (self._deadline - self.timeout_secs))
+
+  def results(self) -> Dict[str, TaskResult]:
+    """The training tasks' current state (returncode None: still running), without waiting."""
+    for name in self.training_task_names:
+      self._tasks[name].poll()
+    return {name: self._tasks[name].result() for name in self.training_task_names}
 
   @property
   def pids(self) -> Dict[str, int]:

@@ -1,0 +1,109 @@
+"""Starts every run from clean coordination state, also on ps tasks that outlived an earlier run.
+
+Parameter servers often outlive the job (Kubernetes restarts a failed chief or worker pod, not
+the ps pods), so their queues and accumulators may still hold an earlier run's arrivals,
+releases, markers, tokens and half-summed gradients. At the start of each run the chief runs
+every op in `graph_keys.RESET_OPS`, which drains them, and then writes its own process
+incarnation into `epochsync/run_id` on ps:0; every worker waits until it reads the current
+chief's incarnation there before it touches a queue or reads a model variable.
+
+Typical usage (epoch_sync_hooks() puts it first):
+  start = RunStartHook(config.is_chief, config.worker_names[0], monitor_for(config))
+  hooks = [start, sync_hook, done, barrier, epoch_input.hook]
+"""
+
+import time
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+from hooks import graph_keys
+from hooks.errors import StartupTimeoutError
+from hooks.liveness import LivenessMonitor
+from hooks.waiting import run_options
+
+__all__ = ["RunStartHook"]
+
+_v1 = tf.compat.v1
+_POLL_SECS = 0.1
+_RPC_TIMEOUT_SECS = 60.0
+
+
+class RunStartHook(_v1.train.SessionRunHook):
+  """The chief clears what earlier runs left on the ps; workers wait for that to be done.
+
+  Put it before every other epoch-sync hook (its `after_create_session` must run first).
+
+    start = RunStartHook(config.is_chief, "chief:0", monitor_for(config), task_name="worker:1")
+    with tf.compat.v1.train.MonitoredSession(session_creator=creator,
+                                             hooks=[start, barrier, epoch_input.hook]) as s:
+      while not s.should_stop(): s.run(train_op)
+
+  Args:
+    is_chief: `bool`, whether this task is the chief (it resets; the others wait).
+    chief_name: `str`, the chief's task name, e.g. "chief:0".
+    liveness: the `LivenessMonitor` that tells the chief's incarnation (and if it died).
+    task_name: `str`, this task, for messages.
+    startup_timeout_secs: `float`, how long a worker waits for the chief's reset.
+    ps_device: where `epochsync/run_id` lives.
+  """
+
+  def __init__(self, is_chief: bool, chief_name: str, liveness: LivenessMonitor,
+               task_name: str = "this task", startup_timeout_secs: float = 600.0,
+               ps_device: str = "/job:ps/task:0"):
+    self._is_chief, self._chief = bool(is_chief), chief_name
+    self._liveness, self._task = liveness, task_name
+    self._timeout, self._ps_device = startup_timeout_secs, ps_device
+
+  def begin(self) -> None:
+    with _v1.device(self._ps_device), tf.name_scope("epochsync_run_start"):
+      # In no collection: not saved, not restored and not initialised by init_op, so that it
+      # keeps the previous run's value until the new chief has cleaned up.
+      self._run_id = _v1.Variable(0, dtype=tf.int64, trainable=False, collections=[],
+                                  name="epochsync_run_id")
+      self._new_run_id = _v1.placeholder(tf.int64, [], "new_run_id")
+      self._set_run_id = self._run_id.assign(self._new_run_id)
+
+  def after_create_session(self, session, coord) -> None:
+    incarnation = self._chief_incarnation()
+    if self._is_chief:
+      start = time.monotonic()
+      self._reset = _v1.get_collection(graph_keys.RESET_OPS)  # other hooks' begin() add theirs
+      session.run(self._reset, options=run_options(_RPC_TIMEOUT_SECS))
+      session.run(self._set_run_id, {self._new_run_id: incarnation},
+                  options=run_options(_RPC_TIMEOUT_SECS))
+      logging.info("%s started run %x: the ps-side queues and accumulators are clean "
+                   "(%d reset ops in %.3f s)", self._task, incarnation, len(self._reset),
+                   time.monotonic() - start)
+      return
+    self._wait_for_run(session, incarnation)
+
+  def _chief_incarnation(self) -> int:
+    answer = self._liveness.probe([self._chief])[self._chief]
+    if answer.state != "up":
+      self._liveness.raise_if_any_died("at the start of the run")
+      raise StartupTimeoutError(f"{self._task} cannot start the run: {self._chief} does not "
+                                f"answer ({answer.detail}); check its log", [self._chief])
+    return int(answer.incarnation) & (2**63 - 1)
+
+  def _wait_for_run(self, session, incarnation: int) -> None:
+    """Polls `epochsync/run_id` until the current chief wrote its incarnation there."""
+    deadline = time.monotonic() + self._timeout
+    seen: Optional[int] = None
+    while time.monotonic() < deadline:
+      try:
+        seen = int(session.run(self._run_id, options=run_options(_RPC_TIMEOUT_SECS)))
+      except tf.errors.FailedPreconditionError:  # a new ps: not written yet
+        seen = None
+      if seen == incarnation:
+        return
+      self._liveness.check([self._chief], "for it to start the run")
+      logging.log_every_n_seconds(logging.INFO, "%s waiting for %s to start the run", 10,
+                                  self._task, self._chief)
+      time.sleep(_POLL_SECS)
+    raise StartupTimeoutError(
+        f"{self._task} waited {self._timeout:g} s for {self._chief} to start the run (its "
+        f"incarnation {incarnation:x} in epochsync/run_id on the ps; found "
+        f"{'nothing' if seen is None else f'{seen:x}'}): check its log or raise "
+        "--epochsync_startup_timeout_secs", [self._chief])
