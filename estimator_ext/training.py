@@ -199,15 +199,6 @@ def _train(estimator, train_spec, eval_spec, config: EpochSyncRunConfig) -> Epoc
   model_dir, is_chief = estimator.model_dir, config.is_chief
   _check_dataset(estimator, train_spec, task)
   sync = settings.sync and cluster is not None  # One process needs no aggregation.
-  if cluster is not None:
-    server = tf.distribute.Server(cluster.cluster_spec(), job_name=cluster.task_type,
-                                  task_index=cluster.task_index, config=cluster.session_config(),
-                                  protocol=config.protocol or "grpc", start=True)
-    master = server.target
-  else:
-    master = config.master
-  if is_chief:
-    evaluator_lib.write_run_record(model_dir, config)
   how = ("in one process" if cluster is None else "synchronously" if sync else
          "asynchronously")
   logging.info("tf-epochsync: %s trains %d epoch(s) %s in %s", config.describe(),
@@ -258,6 +249,16 @@ def _train(estimator, train_spec, eval_spec, config: EpochSyncRunConfig) -> Epoc
       barrier.add_chief_action(evaluation)
     hooks += epoch_hooks[:-1] + [stop, epoch_input.hook]
 
+    # The graph is complete and valid: only now start this task's server and session.
+    if is_chief:
+      evaluator_lib.write_run_record(model_dir, config)
+    master = config.master
+    if cluster is not None:
+      server = tf.distribute.Server(cluster.cluster_spec(), job_name=cluster.task_type,
+                                    task_index=cluster.task_index,
+                                    config=cluster.session_config(),
+                                    protocol=config.protocol or "grpc", start=True)
+      master = server.target
     if is_chief:
       creator = _v1.train.ChiefSessionCreator(scaffold=spec.scaffold, master=master,
                                               config=estimator._session_config,  # pylint: disable=protected-access
