@@ -75,7 +75,9 @@ def main(argv):
   result = estimator_ext.train_and_evaluate(
       estimator, tf.estimator.TrainSpec(train_input_fn),
       tf.estimator.EvalSpec(eval_input_fn, steps=None))
-  summary = {"task": config.task_name, "epochs_trained": result.epochs_trained,
+  metrics, _ = result  # What stock train_and_evaluate returns: the last evaluation's metrics.
+  summary = {"task": config.task_name, "metrics": metrics,
+             "epochs_trained": result.epochs_trained,
              "stopped_after": result.stopped_after,
              "per_epoch": {str(e): m for e, m in result.per_epoch.items()}}
   path = os.path.join(estimator.model_dir, f"summary-{config.task_name.replace(':', '-')}.json")
