@@ -158,7 +158,8 @@ def _results(estimator, eval_spec, task: str, exports: Dict[int, Any],
                       stopped_after)
 
 
-def train_and_evaluate(estimator, train_spec, eval_spec) -> Optional[EpochResults]:
+def train_and_evaluate(estimator: tf.estimator.Estimator, train_spec: tf.estimator.TrainSpec,
+                       eval_spec: tf.estimator.EvalSpec) -> Optional[EpochResults]:
   """Trains `config.settings.num_epochs` epochs and evaluates every epoch; the stock signature.
 
   The estimator's config must be an `EpochSyncRunConfig`. `train_spec.input_fn` returns ONE pass

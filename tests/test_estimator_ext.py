@@ -83,12 +83,15 @@ class TestEpochSyncRunConfig:
       assert not config.in_loop_eval and not config.is_local
     assert ids == {"chief:0": 0, "worker:0": 1, "worker:1": 2}
 
-  def test_evaluator_outside_the_training_cluster_and_ps(self, monkeypatch):
-    set_tf_config(monkeypatch, "evaluator")  # As Estimator wants it: no "evaluator" job listed.
+  @pytest.mark.parametrize("listed", [False, True])
+  def test_evaluator_outside_the_training_cluster_and_ps(self, monkeypatch, listed):
+    # Estimator's convention lists no "evaluator" job; Kubeflow's TFJob lists it.
+    set_tf_config(monkeypatch, "evaluator",
+                  cluster=dict(CLUSTER, evaluator=["localhost:5"]) if listed else None)
     config = estimator_ext.EpochSyncRunConfig("/shared/run")
     assert config.task_name == "evaluator:0" and config.worker_id is None
     assert config.worker_names == ("chief:0", "worker:0", "worker:1")
-    assert config.describe() == "evaluator:0 of cluster {chief: 1, worker: 2, ps: 1} from TF_CONFIG"
+    assert config.describe().startswith("evaluator:0 of cluster {chief: 1, worker: 2, ps: 1")
     set_tf_config(monkeypatch, "ps")
     assert estimator_ext.EpochSyncRunConfig("/shared/run").worker_id is None
 
@@ -496,6 +499,27 @@ def test_local_mode_returns_one_result_per_epoch(tmp_path):
   assert summary["metrics"] == per_epoch["2"]  # The stock return value: the last evaluation.
   assert [line["global_step"] for line in read_audit(model_dir)] == [3, 6, 9]
   assert len(tf.io.gfile.glob(os.path.join(model_dir, "model.ckpt-*.index"))) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_local_early_stop_then_a_relaunch_trains_nothing_more(tmp_path):
+  """min_delta=100: epoch 1 cannot improve on epoch 0, so training stops after epoch 1 of 6."""
+  from hooks.audit import read_audit
+  model_dir = str(tmp_path / "model")
+  args = [os.path.join("tests", "tasks", "estimator_task.py"), f"--model_dir={model_dir}",
+          "--shard_batches=2", "--epochsync_num_epochs=6", "--early_stopping_patience=1",
+          "--early_stopping_min_delta=100"]
+  summaries = []
+  for _ in range(2):
+    _run_local(args, tmp_path)
+    with open(os.path.join(model_dir, "summary-worker-0.json")) as f:
+      summaries.append(json.load(f))
+  assert [(s["epochs_trained"], s["stopped_after"]) for s in summaries] == [([0, 1], 1), ([], 1)]
+  assert sorted(summaries[1]["per_epoch"]) == ["0", "1"]
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1] and "min_delta=100" in audit[1]["early_stop"]
+  assert len(tf.io.gfile.glob(os.path.join(model_dir, "model.ckpt-*.index"))) == 2
 
 
 @pytest.mark.slow
