@@ -14,6 +14,11 @@ Typical usage:
   metrics, exports = estimator_ext.train_and_evaluate(estimator, train_spec, eval_spec)
 """
 
+# Estimator's own internals build the training graph exactly as Estimator.train does:
+# _call_input_fn, _call_model_fn, _create_and_assert_global_step, _device_fn, _session_config,
+# _warm_start_settings (tensorflow-estimator 2.15, its last release).
+# pylint: disable=protected-access
+
 import os
 import re
 import tempfile
@@ -105,7 +110,7 @@ def _check_arguments(estimator, train_spec, eval_spec) -> EpochSyncRunConfig:
   if not isinstance(eval_spec, tf.estimator.EvalSpec):
     problems.append(f"eval_spec={eval_spec!r} must be a tf.estimator.EvalSpec")
   if (isinstance(config, EpochSyncRunConfig) and not config.is_local and
-      not config._epochsync_model_dir_given and  # pylint: disable=protected-access
+      not config._epochsync_model_dir_given and
       _is_estimator_temp_dir(estimator.model_dir)):
     problems.append(f"model_dir is missing in a distributed job: Estimator fell back to its own "
                     f"temporary directory {estimator.model_dir}, which no other task sees; pass "
@@ -118,7 +123,7 @@ def _check_arguments(estimator, train_spec, eval_spec) -> EpochSyncRunConfig:
 def _check_dataset(estimator, train_spec, task: str) -> None:
   """Calls train_spec.input_fn once in a scratch graph: it must return one finite pass."""
   with tf.Graph().as_default():
-    result = estimator._call_input_fn(train_spec.input_fn, _TRAIN)  # pylint: disable=protected-access
+    result = estimator._call_input_fn(train_spec.input_fn, _TRAIN)
     if not isinstance(result, tf.data.Dataset):
       raise ConfigError(
           f"train_spec.input_fn returned a {type(result).__name__} on {task}: it must return a "
@@ -197,78 +202,20 @@ def train_and_evaluate(estimator: tf.estimator.Estimator, train_spec: tf.estimat
 def _train(estimator, train_spec, eval_spec, config: EpochSyncRunConfig) -> EpochResults:
   """One chief/worker task (or local mode): builds the graph and trains every epoch."""
   settings, cluster, task = config.settings, config.epochsync_cluster, config.task_name
-  model_dir, is_chief = estimator.model_dir, config.is_chief
+  model_dir = estimator.model_dir
   _check_dataset(estimator, train_spec, task)
   sync = settings.sync and cluster is not None  # One process needs no aggregation.
-  how = ("in one process" if cluster is None else "synchronously" if sync else
-         "asynchronously")
+  how = "in one process" if cluster is None else "synchronously" if sync else "asynchronously"
   logging.info("tf-epochsync: %s trains %d epoch(s) %s in %s", config.describe(),
                settings.num_epochs, how, model_dir)
-
-  with tf.Graph().as_default() as graph, graph.device(estimator._device_fn):  # pylint: disable=protected-access
-    _v1.random.set_random_seed(config.tf_random_seed)
-    global_step = estimator._create_and_assert_global_step(graph)  # pylint: disable=protected-access
-    training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
-    dataset = estimator._call_input_fn(train_spec.input_fn, _TRAIN)  # pylint: disable=protected-access
-    epoch_input = EpochInput(dataset, settings.num_epochs, task)
-    features, labels = estimator_util.parse_iterator_result(epoch_input.get_next())
-    optimizer_lib.mark_training_graph(
-        graph, sync=sync, num_workers=config.num_workers, worker_id=config.worker_id,
-        worker_names=config.worker_names,
-        divide_by_initial_workers=settings.divide_by_initial_workers)
-    spec = estimator._call_model_fn(features, labels, _TRAIN, config)  # pylint: disable=protected-access
-    sync_opts = optimizer_lib.sync_optimizers(graph)
-    problems = (_no_saver_hooks(train_spec.hooks, "TrainSpec.hooks") +
-                _no_saver_hooks(spec.training_hooks, "EstimatorSpec.training_hooks") +
-                _no_saver_hooks(spec.training_chief_hooks, "EstimatorSpec.training_chief_hooks"))
-    if sync and not sync_opts:
-      problems.append("sync is on but model_fn built no synchronous optimizer: wrap its "
-                      "optimizer, optimizer = estimator_ext.sync_optimizer(optimizer) (canned "
-                      "estimators: pass it as their optimizer), or set sync=False "
-                      "(--noepochsync_sync) for asynchronous training")
-    raise_if_problems(problems, f"training graph on {task}")
-    _finish_graph(estimator, spec, config, model_dir)
-
-    hooks = list(train_spec.hooks) + [_v1.train.NanTensorHook(spec.loss)]
-    if config.log_step_count_steps:
-      hooks.append(_v1.train.LoggingTensorHook({"loss": spec.loss, "step": global_step},
-                                               every_n_iter=config.log_step_count_steps))
-    hooks += list(spec.training_hooks)
-    if is_chief:
-      hooks = list(spec.training_chief_hooks) + _chief_summary_hooks(config, spec, model_dir) + hooks
-    hooks = [opt.make_session_run_hook(
-        is_chief, num_tokens=0, step_timeout_secs=settings.step_timeout_secs,
-        warn_after_secs=min(settings.warn_after_secs, settings.step_timeout_secs / 2),
-        log_every_secs=settings.log_every_secs) for opt in sync_opts] + hooks
-    epoch_hooks, barrier, save = _epoch_hooks(config, epoch_input, model_dir,
-                                              train_spec.saving_listeners)
-    stop = StopAfterEpochHook(epoch_input, task, is_chief,
-                              ps_device="" if cluster is None else "/job:ps/task:0")
-    evaluation = None
-    if is_chief and config.in_loop_eval:  # After the save: a chief action runs in order.
-      evaluation = InLoopEvaluation(estimator, eval_spec, save, stop, config)
-      barrier.add_chief_action(evaluation)
-    hooks += epoch_hooks[:-1] + [stop, epoch_input.hook]
-
+  with tf.Graph().as_default() as graph, graph.device(estimator._device_fn):
+    epoch_input, spec, sync_opts = _build_graph(estimator, train_spec, config, graph, sync)
+    hooks, stop, evaluation = _session_hooks(estimator, train_spec, eval_spec, config,
+                                             epoch_input, spec, sync_opts)
     # The graph is complete and valid: only now start this task's server and session.
-    if is_chief:
+    if config.is_chief:
       evaluator_lib.write_run_record(model_dir, config)
-    master = config.master
-    if cluster is not None:
-      server = tf.distribute.Server(cluster.cluster_spec(), job_name=cluster.task_type,
-                                    task_index=cluster.task_index,
-                                    config=cluster.session_config(),
-                                    protocol=config.protocol or "grpc", start=True)
-      master = server.target
-    if is_chief:
-      creator = _v1.train.ChiefSessionCreator(scaffold=spec.scaffold, master=master,
-                                              config=estimator._session_config,  # pylint: disable=protected-access
-                                              checkpoint_dir=model_dir)
-    else:
-      creator = FastWorkerSessionCreator(
-          scaffold=spec.scaffold, master=master, config=estimator._session_config,  # pylint: disable=protected-access
-          max_wait_secs=settings.startup_timeout_secs, poll_secs=_POLL_SECS, task_name=task,
-          chief_name=config.worker_names[0])
+    creator = _session_creator(estimator, config, spec.scaffold)
     # Naming each synchronous optimizer's train op lets its hook bound the step (the model's
     # train op may be another op, e.g. a canned head's global_step increment).
     fetches = [spec.train_op, spec.loss] + [opt.sync_ops.train_op for opt in sync_opts]
@@ -285,9 +232,90 @@ def _train(estimator, train_spec, eval_spec, config: EpochSyncRunConfig) -> Epoc
   return _results(estimator, eval_spec, task, exports, trained, stop.stopped_after)
 
 
+def _build_graph(estimator, train_spec, config: EpochSyncRunConfig, graph: tf.Graph, sync: bool):
+  """(epoch_input, EstimatorSpec, sync optimizers): Estimator.train's graph on an EpochInput.
+
+  Raises:
+    ConfigError: a CheckpointSaverHook, or sync on without a synchronous optimizer.
+  """
+  settings, task = config.settings, config.task_name
+  _v1.random.set_random_seed(config.tf_random_seed)
+  estimator._create_and_assert_global_step(graph)
+  training_util._get_or_create_global_step_read(graph)
+  dataset = estimator._call_input_fn(train_spec.input_fn, _TRAIN)
+  epoch_input = EpochInput(dataset, settings.num_epochs, task)
+  features, labels = estimator_util.parse_iterator_result(epoch_input.get_next())
+  optimizer_lib.mark_training_graph(
+      graph, sync=sync, num_workers=config.num_workers, worker_id=config.worker_id,
+      worker_names=config.worker_names,
+      divide_by_initial_workers=settings.divide_by_initial_workers)
+  spec = estimator._call_model_fn(features, labels, _TRAIN, config)
+  sync_opts = optimizer_lib.sync_optimizers(graph)
+  problems = (_no_saver_hooks(train_spec.hooks, "TrainSpec.hooks") +
+              _no_saver_hooks(spec.training_hooks, "EstimatorSpec.training_hooks") +
+              _no_saver_hooks(spec.training_chief_hooks, "EstimatorSpec.training_chief_hooks"))
+  if sync and not sync_opts:
+    problems.append("sync is on but model_fn built no synchronous optimizer: wrap its "
+                    "optimizer, optimizer = estimator_ext.sync_optimizer(optimizer) (canned "
+                    "estimators: pass it as their optimizer), or set sync=False "
+                    "(--noepochsync_sync) for asynchronous training")
+  raise_if_problems(problems, f"training graph on {task}")
+  _finish_graph(estimator, spec, config, estimator.model_dir)
+  return epoch_input, spec, sync_opts
+
+
+def _session_hooks(estimator, train_spec, eval_spec, config: EpochSyncRunConfig,
+                   epoch_input: EpochInput, spec, sync_opts):
+  """(hooks in order, the StopAfterEpochHook, the chief's InLoopEvaluation or None).
+
+  Order: the sync optimizers' hooks (the chief's aggregation starts first), Estimator's own
+  hooks, the epoch hooks, the early-stop hook, `epoch_input.hook` last.
+  """
+  settings, is_chief, model_dir = config.settings, config.is_chief, estimator.model_dir
+  hooks = [opt.make_session_run_hook(
+      is_chief, num_tokens=0, step_timeout_secs=settings.step_timeout_secs,
+      warn_after_secs=min(settings.warn_after_secs, settings.step_timeout_secs / 2),
+      log_every_secs=settings.log_every_secs) for opt in sync_opts]
+  if is_chief:
+    hooks += list(spec.training_chief_hooks) + _chief_summary_hooks(config, spec, model_dir)
+  hooks += list(train_spec.hooks) + [_v1.train.NanTensorHook(spec.loss)]
+  if config.log_step_count_steps:
+    hooks.append(_v1.train.LoggingTensorHook(
+        {"loss": spec.loss, "step": _v1.train.get_global_step()},
+        every_n_iter=config.log_step_count_steps))
+  hooks += list(spec.training_hooks)
+  epoch_hooks, barrier, save = _epoch_hooks(config, epoch_input, model_dir,
+                                            train_spec.saving_listeners)
+  stop = StopAfterEpochHook(epoch_input, config.task_name, is_chief,
+                            ps_device="" if config.is_local else "/job:ps/task:0")
+  evaluation = None
+  if is_chief and config.in_loop_eval:  # Registered after the save: chief actions run in order.
+    evaluation = InLoopEvaluation(estimator, eval_spec, save, stop, config)
+    barrier.add_chief_action(evaluation)
+  return hooks + epoch_hooks[:-1] + [stop, epoch_input.hook], stop, evaluation
+
+
+def _session_creator(estimator, config: EpochSyncRunConfig, scaffold):
+  """Starts this task's server (in a cluster); the chief's or a fast worker's session creator."""
+  cluster, master = config.epochsync_cluster, config.master
+  if cluster is not None:
+    server = tf.distribute.Server(cluster.cluster_spec(), job_name=cluster.task_type,
+                                  task_index=cluster.task_index, config=cluster.session_config(),
+                                  protocol=config.protocol or "grpc", start=True)
+    master = server.target
+  if config.is_chief:
+    return _v1.train.ChiefSessionCreator(scaffold=scaffold, master=master,
+                                         config=estimator._session_config,
+                                         checkpoint_dir=estimator.model_dir)
+  return FastWorkerSessionCreator(
+      scaffold=scaffold, master=master, config=estimator._session_config,
+      max_wait_secs=config.settings.startup_timeout_secs, poll_secs=_POLL_SECS,
+      task_name=config.task_name, chief_name=config.worker_names[0])
+
+
 def _finish_graph(estimator, spec, config, model_dir: str) -> None:
   """What Estimator._train_with_estimator_spec adds: warm start, loss summary, the saver."""
-  warm_start = estimator._warm_start_settings  # pylint: disable=protected-access
+  warm_start = estimator._warm_start_settings
   if warm_start and not tf.train.latest_checkpoint(model_dir):
     logging.info("Warm-starting with WarmStartSettings: %s", warm_start)
     _v1.train.warm_start(*warm_start)

@@ -70,7 +70,8 @@ def _oracle_per_epoch(shards, num_epochs):
     params, step = oracle.lockstep_sgd({"w": np.zeros(example.FEATURES), "b": np.zeros(())},
                                        data, oracle.linear_mse_gradients, learning_rate=0.05,
                                        num_epochs=e + 1)
-    out.append((params, step, float(np.mean((eval_x @ params["w"] + params["b"] - eval_y) ** 2))))
+    loss = float(np.mean((eval_x @ params["w"] + params["b"] - eval_y) ** 2))
+    out.append((params, step, loss))
   return out
 
 
@@ -134,7 +135,7 @@ def test_custom_model_fn_sync_with_evaluator_equals_oracle(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_custom_model_fn_async_with_evaluator_is_still_epoch_exact(tmp_path):
-  """--noepochsync_sync from the flags: every worker applies its own gradients, epochs still exact."""
+  """--noepochsync_sync from the flags: each worker applies its own gradients, epochs exact."""
   shards, num_epochs = (6, 3, 0), 3
   model_dir, result, names = _run(
       tmp_path, TASK + ["--shard_batches=6,3,0", f"--epochsync_num_epochs={num_epochs}",
@@ -166,8 +167,8 @@ def test_canned_wide_deep_two_sync_optimizers_embedding_over_two_ps(tmp_path):
     e, ckpt = line["epoch"], line["checkpoint"]
     assert [_load(ckpt, f"epochsync_sync_{k}/sync_step") for k in (0, 1)] == [
         max(shards) * (e + 1)] * 2
-  from tensorflow.python.training import py_checkpoint_reader  # pylint: disable=g-direct-tensorflow-import
-  index = py_checkpoint_reader.NewCheckpointReader(audit[-1]["checkpoint"]).debug_string()
+  from tensorflow.python.training import py_checkpoint_reader as reader  # pylint: disable=all
+  index = reader.NewCheckpointReader(audit[-1]["checkpoint"]).debug_string()
   slices = re.findall(rb"id_embedding/embedding_weights\x00[^\n]* \(DT_FLOAT\) \[(\d+),4\]", index)
   assert slices == [b"10", b"10"], "the embedding is not split in 2 partitions"
   assert len(glob.glob(audit[-1]["checkpoint"] + ".data-*-of-00002")) == 2  # held by 2 ps

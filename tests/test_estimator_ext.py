@@ -375,12 +375,28 @@ def _chief_wrote(model_dir, epochs, early_stop_at=None, delete=()):
     f.write("".join(l + "\n" for l in lines))
 
 
+class _Exporter(tf.estimator.Exporter):
+  """Records (checkpoint, is_the_final_export) of every export."""
+
+  def __init__(self):
+    self.calls = []
+
+  @property
+  def name(self):
+    return "recorder"
+
+  def export(self, estimator, export_path, checkpoint_path, eval_result, is_the_final_export):
+    self.calls.append((os.path.basename(checkpoint_path), is_the_final_export))
+    return export_path.encode()
+
+
 @pytest.fixture
 def evaluator(monkeypatch, tmp_path):
   """(run(num_epochs) -> eval lines, fake estimator, clock) of an evaluator task on tmp_path."""
   model_dir, clock = str(tmp_path), _Clock()
   estimator = _FakeEstimator(model_dir)
-  spec = tf.estimator.EvalSpec(lambda: None, steps=None)
+  estimator.exporter = _Exporter()
+  spec = tf.estimator.EvalSpec(lambda: None, steps=None, exporters=[estimator.exporter])
 
   def run(num_epochs, write_record=True, **kwargs):
     set_tf_config(monkeypatch, "chief")
@@ -405,6 +421,8 @@ class TestEvaluatorLoop:
     assert [(l["epoch"], l["global_step"], l["metrics"]["loss"]) for l in lines] == [
         (0, 10, 0.5), (1, 20, pytest.approx(1 / 3)), (2, 30, 0.25)]
     assert [l["epoch"] for l in estimator_ext.read_eval_log(str(tmp_path))] == [0, 1, 2]
+    assert estimator.exporter.calls == [(c, i == 2) for i, c in enumerate(estimator.evaluated)]
+    assert lines[0]["exports"] == [os.path.join(str(tmp_path), "export", "recorder")]
     assert run(3) == [] and len(estimator.evaluated) == 3  # A restart re-evaluates nothing.
 
   def test_stops_after_the_epoch_the_chief_stopped_early_at(self, evaluator, tmp_path):
@@ -412,6 +430,7 @@ class TestEvaluatorLoop:
     _chief_wrote(str(tmp_path), [0, 1], early_stop_at=1)
     lines = run(5)
     assert [l["epoch"] for l in lines] == [0, 1] and lines[1]["early_stop"]
+    assert [final for _, final in estimator.exporter.calls] == [False, True]
     assert clock.now == 100.0  # It did not wait for epochs 2..4.
 
   def test_times_out_naming_the_chief_and_the_epoch(self, evaluator, tmp_path):

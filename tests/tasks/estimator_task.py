@@ -26,6 +26,7 @@ _PATIENCE = flags.DEFINE_integer("early_stopping_patience", 0, "0: no early stop
 _MIN_DELTA = flags.DEFINE_float("early_stopping_min_delta", 0.0, "EarlyStopping(min_delta).")
 _IN_LOOP = flags.DEFINE_bool("in_loop_eval", False, "The chief evaluates every epoch.")
 
+FLAGS = flags.FLAGS
 VOCAB, EMBEDDING_DIM, BATCH_SIZE = 20, 4, 8
 
 
@@ -37,7 +38,7 @@ def wide_deep_arrays(shard_id, num_batches):
 
 
 def wide_deep_train_input_fn(config):
-  shards = [int(n) for n in estimator_train._SHARD_BATCHES.value]  # pylint: disable=protected-access
+  shards = [int(n) for n in FLAGS.shard_batches]  # examples/estimator_train.py's flag
   features, labels = wide_deep_arrays(config.worker_id, shards[config.worker_id % len(shards)])
   return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH_SIZE)
 
@@ -64,7 +65,7 @@ def main(argv):
                                           min_delta=_MIN_DELTA.value)
               if _PATIENCE.value else None)
   config = estimator_ext.EpochSyncRunConfig(
-      estimator_train._MODEL_DIR.value, early_stopping=stopping,  # pylint: disable=protected-access
+      FLAGS.model_dir, early_stopping=stopping,
       in_loop_eval=_IN_LOOP.value or None)
   if _MODEL.value == "linear":
     estimator = tf.compat.v1.estimator.Estimator(estimator_train.model_fn, config=config)
