@@ -25,6 +25,8 @@ from hooks.epoch_input import EpochInput, EpochListener, EpochStats
 __all__ = ["InLoopEvaluation", "StopAfterEpochHook"]
 
 _v1 = tf.compat.v1
+# Reads and assignments of one scalar on ps:0 never wait on a peer; this bounds a dead ps.
+_RUN_OPTIONS = _v1.RunOptions(timeout_in_ms=60_000)
 
 
 class StopAfterEpochHook(_v1.train.SessionRunHook, EpochListener):
@@ -65,16 +67,16 @@ class StopAfterEpochHook(_v1.train.SessionRunHook, EpochListener):
 
   def after_create_session(self, session, coord):
     if self._is_chief:  # Before epoch_input.hook runs the start barrier.
-      session.run(self._var.initializer)
+      session.run(self._var.initializer, options=_RUN_OPTIONS)
       if self.restored_stop is not None:
-        session.run(self._assign, {self._value: self.restored_stop})
+        session.run(self._assign, {self._value: self.restored_stop}, options=_RUN_OPTIONS)
 
   def stop_after(self, session, epoch: int) -> None:
     """The chief, before releasing epoch `epoch`: every task stops after it."""
-    session.run(self._assign, {self._value: epoch})
+    session.run(self._assign, {self._value: epoch}, options=_RUN_OPTIONS)
 
   def session_created(self, session, start_epoch: int) -> None:
-    stop = int(session.run(self._var))
+    stop = int(session.run(self._var, options=_RUN_OPTIONS))
     if 0 <= stop < start_epoch:
       logging.info("%s: training stopped early after epoch %d in an earlier run; nothing to do",
                    self.task_name, stop)
@@ -84,7 +86,7 @@ class StopAfterEpochHook(_v1.train.SessionRunHook, EpochListener):
   def epoch_ended(self, session, stats: EpochStats) -> None:
     if stats.epoch + 1 >= self._input.num_epochs:
       return
-    if int(session.run(self._var)) == stats.epoch:
+    if int(session.run(self._var, options=_RUN_OPTIONS)) == stats.epoch:
       logging.info("%s stops after epoch %d of %d: the chief's early stopping", self.task_name,
                    stats.epoch, self._input.num_epochs)
       self.stopped_after = stats.epoch
