@@ -9,8 +9,9 @@ Typical usage (by hand, one task, or without TF_CONFIG in one process):
 
 from absl import app
 from absl import flags
-import numpy as np
 import tensorflow as tf
+
+from examples.estimator_data import BATCH_SIZE, EVAL_BATCHES, EVAL_SHARD, FEATURES, shard_arrays
 
 _SHARD_BATCHES = flags.DEFINE_list(
     "shard_batches", ["9", "5", "0"], "Batches in each training task's shard, by its id in the "
@@ -19,15 +20,6 @@ _NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Passes over every shard.", 
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.05, "Plain SGD learning rate.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints and eval results; storage "
                                  "every task sees.")
-
-BATCH_SIZE, FEATURES, EVAL_BATCHES = 8, 16, 4
-
-
-def shard_arrays(shard_id, num_batches):
-  """(x [n, FEATURES], y [n]) of one shard, y = x . linspace(-1, 1) + 0.5; fixed per shard_id."""
-  rng = np.random.default_rng(1000 + shard_id)
-  x = rng.normal(size=(num_batches * BATCH_SIZE, FEATURES)).astype(np.float32)
-  return x, x @ np.linspace(-1.0, 1.0, FEATURES, dtype=np.float32) + np.float32(0.5)
 
 
 def train_input_fn(config):
@@ -40,7 +32,7 @@ def train_input_fn(config):
 
 
 def eval_input_fn():
-  x, y = shard_arrays(100, EVAL_BATCHES)
+  x, y = shard_arrays(EVAL_SHARD, EVAL_BATCHES)
   return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
 
 

@@ -59,12 +59,12 @@ def _summaries(model_dir):
 
 def _oracle_per_epoch(shards, num_epochs):
   """[(params, global_step, eval loss)] after each epoch of examples/estimator_train.py's job."""
-  from examples import estimator_train as example
+  from examples import estimator_data as example  # Not estimator_train: no flags here.
   data = []
   for shard_id, n in enumerate(shards):
     x, y = example.shard_arrays(shard_id, n)
     data.append([(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(y), BATCH)])
-  eval_x, eval_y = example.shard_arrays(100, example.EVAL_BATCHES)
+  eval_x, eval_y = example.shard_arrays(example.EVAL_SHARD, example.EVAL_BATCHES)
   out = []
   for e in range(num_epochs):
     params, step = oracle.lockstep_sgd({"w": np.zeros(example.FEATURES), "b": np.zeros(())},

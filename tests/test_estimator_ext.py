@@ -497,14 +497,14 @@ def test_local_mode_returns_one_result_per_epoch(tmp_path):
   """No TF_CONFIG: one process trains 3 epochs of its 3 batches, saving and evaluating each."""
   from hooks.audit import read_audit
   from hooks.testing import oracle
-  from examples import estimator_train as example
+  from examples import estimator_data as example
   model_dir = str(tmp_path / "model")
   _run_local([os.path.join("tests", "tasks", "estimator_task.py"), f"--model_dir={model_dir}",
               "--shard_batches=3", "--epochsync_num_epochs=3"], tmp_path)
   with open(os.path.join(model_dir, "summary-worker-0.json")) as f:
     summary = json.load(f)
   x, y = example.shard_arrays(0, 3)
-  eval_x, eval_y = example.shard_arrays(100, example.EVAL_BATCHES)
+  eval_x, eval_y = example.shard_arrays(example.EVAL_SHARD, example.EVAL_BATCHES)
   batches = [[(x[i:i + 8], y[i:i + 8]) for i in range(0, 24, 8)]]
   want = []
   for e in range(3):
