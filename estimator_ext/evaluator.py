@@ -22,10 +22,11 @@ import tensorflow as tf
 
 from estimator_ext import eval_log
 from hooks.audit import read_audit
-from hooks.errors import ConfigError, SyncTimeoutError, raise_if_problems
+from hooks.errors import ConfigError, SyncTimeoutError, TaskDiedError, raise_if_problems
+from hooks.liveness import LivenessMonitor
 
 __all__ = ["EvaluatorTimeoutError", "RUN_RECORD_FILENAME", "write_run_record", "read_run_record",
-           "check_run_record", "run_evaluator"]
+           "check_run_record", "chief_monitor", "run_evaluator"]
 
 RUN_RECORD_FILENAME = "epochsync_run.json"
 _POLL_SECS = 0.5
@@ -83,7 +84,18 @@ def _checkpoint_of(model_dir: str, epoch: int, audit: List[Dict[str, Any]]) -> O
   return found[-1][:-len(".index")] if found else None
 
 
-def run_evaluator(estimator, eval_spec, config, clock: Callable[[], float] = time.monotonic,
+def chief_monitor(config) -> Optional[LivenessMonitor]:
+  """A LivenessMonitor of the chief alone, as seen from the evaluator (None in local mode)."""
+  cluster = config.epochsync_cluster
+  if cluster is None:
+    return None
+  chief = config.worker_names[0]
+  job, index = chief.split(":")
+  return LivenessMonitor({chief: cluster.cluster[job][int(index)]}, config.task_name)
+
+
+def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonitor] = None,
+                  clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep) -> List[Dict[str, Any]]:
   """Evaluates epochs 0..num_epochs-1 in order, each once; returns this task's eval lines.
 
@@ -91,12 +103,15 @@ def run_evaluator(estimator, eval_spec, config, clock: Callable[[], float] = tim
     estimator: the `Estimator` (its model_dir is the chief's).
     eval_spec: `tf.estimator.EvalSpec`; throttle_secs and start_delay_secs are not used.
     config: the evaluator's `EpochSyncRunConfig`.
+    liveness: probes the chief while waiting (`chief_monitor(config)`): a chief that answered
+      once and then died ends the wait within seconds.
     clock, sleep: injected by tests.
 
   Raises:
     ConfigError: this task's settings disagree with the chief's run record, or an epoch's
       checkpoint was deleted before it was evaluated (raise keep_checkpoint_max).
     EvaluatorTimeoutError: naming the chief, when its record or the next epoch does not come.
+    TaskDiedError: the chief died while the evaluator waited for it.
   """
   model_dir, task = estimator.model_dir, config.task_name
   chief = config.worker_names[0]
@@ -116,6 +131,14 @@ def run_evaluator(estimator, eval_spec, config, clock: Callable[[], float] = tim
         level = logging.WARNING if waited > settings.warn_after_secs else logging.INFO
         logging.log(level, "%s still waiting for %s after %.0f s: %s", task, what, waited,
                     progress())
+      if liveness is not None:
+        try:
+          liveness.check([chief], f"for {what}")
+        except TaskDiedError:
+          value = found()  # What it waited for may have come just before the chief exited.
+          if value is None:
+            raise
+          break
       sleep(_POLL_SECS)
       value = found()
     if value is None:

@@ -34,13 +34,14 @@ from estimator_ext import evaluator as evaluator_lib
 from estimator_ext import optimizer as optimizer_lib
 from estimator_ext.in_loop import InLoopEvaluation, StopAfterEpochHook
 from estimator_ext.run_config import EpochSyncRunConfig
+from hooks import liveness
 from hooks.barrier import EpochBarrierHook
 from hooks.checkpointing import ChiefSaveAfterBarrierHook
 from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput
 from hooks.epoch_sync import epoch_sync_hooks
 from hooks.errors import ConfigError, raise_if_problems
-from hooks.session import FastWorkerSessionCreator
+from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
 
 __all__ = ["train_and_evaluate", "EpochResults", "shard"]
 
@@ -194,7 +195,8 @@ def train_and_evaluate(estimator: tf.estimator.Estimator, train_spec: tf.estimat
     _serve_ps(config)
     return None
   if config.task_name == "evaluator:0":
-    evaluator_lib.run_evaluator(estimator, eval_spec, config)
+    evaluator_lib.run_evaluator(estimator, eval_spec, config,
+                                liveness=evaluator_lib.chief_monitor(config))
     return _results(estimator, eval_spec, config.task_name, {})
   return _train(estimator, train_spec, eval_spec, config)
 
@@ -276,6 +278,10 @@ def _session_hooks(estimator, train_spec, eval_spec, config: EpochSyncRunConfig,
       is_chief, num_tokens=0, step_timeout_secs=settings.step_timeout_secs,
       warn_after_secs=min(settings.warn_after_secs, settings.step_timeout_secs / 2),
       log_every_secs=settings.log_every_secs) for opt in sync_opts]
+  if not config.is_local:  # A step waiting on a dead task ends within seconds, naming it.
+    monitor = liveness.monitor_for(config.epochsync_cluster)
+    for hook in hooks:
+      hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   if is_chief:
     hooks += list(spec.training_chief_hooks) + _chief_summary_hooks(config, spec, model_dir)
   hooks += list(train_spec.hooks) + [_v1.train.NanTensorHook(spec.loss)]
@@ -296,21 +302,27 @@ def _session_hooks(estimator, train_spec, eval_spec, config: EpochSyncRunConfig,
 
 
 def _session_creator(estimator, config: EpochSyncRunConfig, scaffold):
-  """Starts this task's server (in a cluster); the chief's or a fast worker's session creator."""
-  cluster, master = config.epochsync_cluster, config.master
+  """Starts this task's server (in a cluster); the chief's or a fast worker's session creator.
+
+  Both are hooks.session's: they wait (bounded) for the tasks they need, name a dead one, and
+  never re-create a lost session; they use the Estimator's session config (device filters).
+  """
+  cluster, master, monitor = config.epochsync_cluster, config.master, None
+  startup = config.settings.startup_timeout_secs
   if cluster is not None:
     server = tf.distribute.Server(cluster.cluster_spec(), job_name=cluster.task_type,
                                   task_index=cluster.task_index, config=cluster.session_config(),
                                   protocol=config.protocol or "grpc", start=True)
-    master = server.target
+    master, monitor = server.target, liveness.monitor_for(cluster)
   if config.is_chief:
-    return _v1.train.ChiefSessionCreator(scaffold=scaffold, master=master,
-                                         config=estimator._session_config,
-                                         checkpoint_dir=estimator.model_dir)
+    return EpochSyncChiefSessionCreator(
+        scaffold=scaffold, master=master, config=estimator._session_config,
+        checkpoint_dir=estimator.model_dir, liveness=monitor, startup_timeout_secs=startup,
+        task_name=config.task_name)
   return FastWorkerSessionCreator(
-      scaffold=scaffold, master=master, config=estimator._session_config,
-      max_wait_secs=config.settings.startup_timeout_secs, poll_secs=_POLL_SECS,
-      task_name=config.task_name, chief_name=config.worker_names[0])
+      scaffold=scaffold, master=master, config=estimator._session_config, max_wait_secs=startup,
+      poll_secs=_POLL_SECS, task_name=config.task_name, chief_name=config.worker_names[0],
+      liveness=monitor)
 
 
 def _finish_graph(estimator, spec, config, model_dir: str) -> None:

@@ -398,14 +398,16 @@ def evaluator(monkeypatch, tmp_path):
   estimator.exporter = _Exporter()
   spec = tf.estimator.EvalSpec(lambda: None, steps=None, exporters=[estimator.exporter])
 
-  def run(num_epochs, write_record=True, **kwargs):
+  def run(num_epochs, write_record=True, liveness=None, **kwargs):
     set_tf_config(monkeypatch, "chief")
     chief = estimator_ext.EpochSyncRunConfig(model_dir, num_epochs=num_epochs)
     if write_record:
       evaluator_lib.write_run_record(model_dir, chief)
     set_tf_config(monkeypatch, "evaluator")
     config = estimator_ext.EpochSyncRunConfig(model_dir, num_epochs=num_epochs, **kwargs)
-    return evaluator_lib.run_evaluator(estimator, spec, config, clock=clock, sleep=clock.sleep)
+    assert evaluator_lib.chief_monitor(config).addresses == {"chief:0": "localhost:1"}
+    return evaluator_lib.run_evaluator(estimator, spec, config, liveness=liveness, clock=clock,
+                                       sleep=clock.sleep)
   return run, estimator, clock
 
 
@@ -443,6 +445,20 @@ class TestEvaluatorLoop:
       run(2, evaluator_timeout_secs=5)
     assert e.value.missing == ("chief:0",) and estimator.evaluated == ["model.ckpt-epoch0000-10"]
     assert 105.0 <= clock.now <= 106.0
+
+  def test_a_chief_that_dies_is_named_within_seconds(self, evaluator, tmp_path):
+    from hooks.errors import TaskDiedError
+    from hooks.liveness import LivenessMonitor, Probe
+    run, estimator, clock = evaluator
+    _chief_wrote(str(tmp_path), [0])
+    answers = iter([Probe("up", 7)] + [Probe("down", None, "UNAVAILABLE: refused")] * 10)
+    monitor = LivenessMonitor({"chief:0": "localhost:1"}, "evaluator:0",
+                              probe=lambda address, timeout: next(answers), clock=clock)
+    with pytest.raises(TaskDiedError, match=r"chief:0 died while evaluator:0 waited for it for "
+                                            r"epoch 1's checkpoint: its server at localhost:1 is "
+                                            r"gone: UNAVAILABLE: refused"):
+      run(3, liveness=monitor)
+    assert estimator.evaluated == ["model.ckpt-epoch0000-10"] and clock.now < 103.0
 
   def test_times_out_when_the_chief_never_starts(self, evaluator):
     run, _, _ = evaluator
