@@ -1,0 +1,28 @@
+"""Epoch-exact synchronous training for tf.estimator users: a RunConfig and train_and_evaluate.
+
+Typical usage:
+  import estimator_ext
+  optimizer = estimator_ext.sync_optimizer(tf.compat.v1.train.AdagradOptimizer(0.05))  # model_fn
+  config = estimator_ext.EpochSyncRunConfig(model_dir="/shared/run1", num_epochs=3)
+  estimator = tf.compat.v1.estimator.Estimator(model_fn, config=config)
+  estimator_ext.train_and_evaluate(estimator, train_spec, eval_spec)
+"""
+
+from estimator_ext.early_stopping import EarlyStopping
+from estimator_ext.eval_log import read_eval_log
+from estimator_ext.evaluator import EvaluatorTimeoutError
+from estimator_ext.optimizer import EpochSyncOptimizer, sync_optimizer
+from estimator_ext.run_config import EpochSyncRunConfig
+from estimator_ext.training import EpochResults, shard, train_and_evaluate
+
+__all__ = [
+    "EarlyStopping",
+    "EpochResults",
+    "EpochSyncOptimizer",
+    "EpochSyncRunConfig",
+    "EvaluatorTimeoutError",
+    "read_eval_log",
+    "shard",
+    "sync_optimizer",
+    "train_and_evaluate",
+]

@@ -2,11 +2,14 @@
 
 Every worker trains exactly one pass over its shard per epoch (shards 9/5/0 batches by
 default: uneven, one empty), all wait at the epoch barrier, the chief saves one
-checkpoint per epoch, and the job ends by itself after the last epoch.
+checkpoint per epoch, and the job ends by itself after the last epoch. With
+--api=estimator the same runs as an Estimator job (examples/estimator_train.py): a chief,
+workers, 2 ps and an evaluator that evaluates every epoch.
 
 Typical usage:
   python -m examples.local_cluster                       # 1 ps + 3 workers, 3 epochs
   python -m examples.local_cluster --num_workers=4 --shard_batches=6,6,3,0 --stream_logs
+  python -m examples.local_cluster --api=estimator       # chief + 2 workers, 2 ps, evaluator
 """
 
 import json
@@ -20,8 +23,13 @@ from absl import flags
 from hooks.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
-_NUM_WORKERS = flags.DEFINE_integer("num_workers", 3, "Training workers.", lower_bound=1)
-_NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter-server tasks.", lower_bound=1)
+_API = flags.DEFINE_enum("api", "mts", ["mts", "estimator"], "mts: examples/train.py with "
+                         "MonitoredSession; estimator: examples/estimator_train.py with "
+                         "estimator_ext.train_and_evaluate (a chief job and an evaluator).")
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", 3, "Training workers (with --api=estimator: "
+                                    "the chief and num_workers-1 workers).", lower_bound=1)
+_NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter-server tasks (--api=estimator: 2 unless "
+                               "given).", lower_bound=1)
 _NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Epochs to train.", lower_bound=1)
 _SHARDS = flags.DEFINE_list("shard_batches", ["9", "5", "0"], "Batches per worker's shard.")
 _TIMEOUT = flags.DEFINE_float("timeout_secs", 300, "Hard deadline for the whole job.")
@@ -50,11 +58,19 @@ def _demo_timeouts(task_args):
 
 def main(argv):
   model_dir = _MODEL_DIR.value or tempfile.mkdtemp(prefix="epochsync-demo-")
-  command = [sys.executable, "-m", "examples.train", "--model_dir=" + model_dir,
-             "--shard_batches=" + ",".join(_SHARDS.value),
-             f"--epochsync_num_epochs={_NUM_EPOCHS.value}"]
-  command += _demo_timeouts(argv[1:]) + argv[1:]
-  cluster = LocalCluster(num_workers=_NUM_WORKERS.value, num_ps=_NUM_PS.value,
+  estimator = _API.value == "estimator"
+  if estimator:  # examples.estimator_train is the user's job: its own flags, no --epochsync_*.
+    command = [sys.executable, "-m", "examples.estimator_train", "--model_dir=" + model_dir,
+               "--shard_batches=" + ",".join(_SHARDS.value),
+               f"--num_epochs={_NUM_EPOCHS.value}"] + argv[1:]
+  else:
+    command = [sys.executable, "-m", "examples.train", "--model_dir=" + model_dir,
+               "--shard_batches=" + ",".join(_SHARDS.value),
+               f"--epochsync_num_epochs={_NUM_EPOCHS.value}"]
+    command += _demo_timeouts(argv[1:]) + argv[1:]
+  num_ps = 2 if estimator and not flags.FLAGS["num_ps"].present else _NUM_PS.value
+  cluster = LocalCluster(num_workers=_NUM_WORKERS.value, num_ps=num_ps,
+                         has_chief=estimator, has_evaluator=estimator,
                          timeout_secs=_TIMEOUT.value, stream_logs=_STREAM.value,
                          log_dir=os.path.join(model_dir, "logs"))
   with cluster:
@@ -63,14 +79,33 @@ def main(argv):
   print(f"cluster: {json.dumps(cluster.cluster)}")
   print(f"job finished in {result.elapsed_secs:.1f} s; model_dir {model_dir}")
   for name, task in sorted(result.tasks.items()):
-    print(f"  {name:<10} pid {task.pid:<7} exit {task.returncode}  log {task.log_path}")
+    print(f"  {name:<12} pid {task.pid:<7} exit {task.returncode}  log {task.log_path}")
   print("per-epoch audit (written by the chief after every worker finished the epoch):")
   for line in read_audit(model_dir):
     workers = "  ".join(f"{w} {s['batches']}b/{s['examples']}ex"
                         for w, s in line["workers"].items())
     print(f"  epoch {line['epoch']}: {workers}  global_step {line['global_step']}  "
           f"checkpoint {os.path.basename(str(line.get('checkpoint')))}")
+  if estimator:
+    _print_evaluations(model_dir)
   result.check()
+
+
+def _print_evaluations(model_dir: str) -> None:
+  """The evaluator's JSON lines (read without importing TensorFlow into the launcher)."""
+  path = os.path.join(model_dir, "eval", "epochsync_eval-evaluator-0.jsonl")
+  lines = []
+  if os.path.exists(path):
+    with open(path) as f:
+      lines = [json.loads(line) for line in f if line.strip()]
+  print(f"evaluations by evaluator:0 ({path}):")
+  for line in lines:
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in sorted(line["metrics"].items())
+                        if k != "global_step")
+    print(f"  epoch {line['epoch']}: global_step {line['global_step']}  {metrics}  "
+          f"({line['eval_secs']:.2f} s)")
+  if not lines:
+    print("  none")
 
 
 if __name__ == "__main__":

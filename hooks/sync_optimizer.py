@@ -16,6 +16,11 @@ epoch, and the epoch barrier releases epoch e+1 only after every DONE of epoch e
 its gradients were applied, and a gradient whose local_step != global_step (silently dropped by
 the accumulator) fails the assert with the stale count instead of hanging.
 
+With own_step_counter=True the steps are numbered by the optimizer's own `<name>/sync_step`
+variable instead of global_step, so several optimizers can share one step (each aggregates the same
+workers' gradients of that step) and global_step is left to whoever increments it (e.g. a canned
+Estimator head, which adds 1 per worker step after `minimize(loss)` without global_step).
+
 Typical usage:
   opt = WorkerDoneSyncReplicasOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1),
                                         num_workers=config.num_workers, worker_id=config.worker_id)
@@ -53,8 +58,9 @@ class SyncOps:
   aggregate_op: Tuple[tf.Tensor, ...]  # The chief, in a loop: (#GRAD, #DONE, epochs, stopped).
   stop_op: tf.Operation            # The chief: num_workers STOP markers end the loop cleanly.
   close_markers_op: tf.Operation   # The chief: fails a blocked aggregation (error paths).
-  diagnostics: Tuple[tf.Tensor, tf.Tensor]  # (global_step, progress vector) for the watchdog.
+  diagnostics: Tuple[tf.Tensor, tf.Tensor]  # (step, progress vector) for the watchdog.
   completed_epochs: tf.Variable    # Epochs whose every DONE marker the chief has consumed.
+  step: tf.Variable                # Numbers the synchronous steps: global_step or own sync_step.
   abort_step_op: Optional[tf.Operation] = None  # This task: an ABORT_TOKEN ends its blocked step.
 
 
@@ -79,7 +85,13 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
     divide_by_initial_workers: `bool` divide the summed gradients by num_workers instead of by
       the number of workers that contributed to the step.
     worker_names: `Sequence[str]` task names for messages (default "worker:0"...).
-    name: `str` prefix of the ops and of the shared queue / accumulator names.
+    name: `str` prefix of the ops and of the shared queue / accumulator names; give every
+      optimizer of one model its own.
+    own_step_counter: `bool` number the steps with an own `<name>/sync_step` variable (on
+      global_step's ps task) instead of global_step: apply_gradients() then accepts
+      global_step=None and leaves global_step alone; a global_step it is given is incremented once
+      per synchronous step. For several optimizers in one train_op, or a model that increments
+      global_step itself.
 
   Raises:
     ConfigError: a bad argument (message names it, its value and the rule).
@@ -88,7 +100,7 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
   def __init__(self, opt: _v1.train.Optimizer, num_workers: int, worker_id: int,
                divide_by_initial_workers: bool = False,
                worker_names: Optional[Sequence[str]] = None,
-               name: str = "worker_done_sync_replicas"):
+               name: str = "worker_done_sync_replicas", own_step_counter: bool = False):
     problems = []
     if not isinstance(opt, _v1.train.Optimizer):
       problems.append(f"opt={opt!r} is not a tf.compat.v1.train.Optimizer")
@@ -101,6 +113,7 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
     super().__init__(use_locking=False, name=name)
     self._opt, self._num_workers, self._worker_id = opt, num_workers, worker_id
     self._divide_by_initial = bool(divide_by_initial_workers)
+    self._own_step_counter = bool(own_step_counter)
     self.worker_names = names
     self.sync_ops: Optional[SyncOps] = None
 
@@ -129,18 +142,22 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
     """Builds the worker step, the DONE marker and the chief's aggregation; returns train_op.
 
     Raises:
-      ConfigError: no gradients, no global_step, or called twice.
+      ConfigError: no gradients, no global_step (without own_step_counter), or called twice.
     """
     grads_and_vars = [(g, v) for g, v in grads_and_vars]
     if not any(g is not None for g, _ in grads_and_vars):
       raise ConfigError("apply_gradients got no gradients: pass the output of compute_gradients()")
-    if global_step is None:
+    if global_step is None and not self._own_step_counter:
       raise ConfigError("global_step=None: pass tf.compat.v1.train.get_or_create_global_step(), "
-                        "it checks staleness and numbers the tokens")
+                        "it checks staleness and numbers the tokens (or construct the optimizer "
+                        "with own_step_counter=True if something else increments global_step)")
     if self.sync_ops is not None:
       raise ConfigError("apply_gradients() was already called: build one train_op per optimizer")
-    n_workers, wid, dev = self._num_workers, self._worker_id, global_step.device
-    gs_dtype = global_step.dtype.base_dtype
+    # `step` numbers the synchronous steps: staleness, tokens, local steps all refer to it.
+    step = self._own_step(global_step) if self._own_step_counter else global_step
+    extra_step = global_step if step is not global_step else None  # Also += 1 per step.
+    n_workers, wid, dev = self._num_workers, self._worker_id, step.device
+    gs_dtype = step.dtype.base_dtype
     local_anchor = tf.no_op(name=f"{self._name}_local_anchor")
     with _v1.get_default_graph().colocate_with(local_anchor):  # Keeps it off the ps tasks.
       local_step = _v1.Variable(0, trainable=False, dtype=gs_dtype, name=f"{self._name}_local_step",
@@ -187,26 +204,26 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
         token = tokens[wid].dequeue()
       train_op = local_step.assign(token, name=name or "train_op")
       done_op = tf.group(*_mark(DONE, tf.constant(_PROGRESS_DONE, tf.int64)), name="done")
-      local_step_init = local_step.assign(global_step)
+      local_step_init = local_step.assign(step)
       with tf.device(dev):
         active = _v1.scatter_update(progress, [wid], [tf.constant(_PROGRESS_ACTIVE, tf.int64)])
       refresh = tf.group(local_step_init, active, name="refresh_local_step")
       chief_init = tf.group([local_step_init, num_active.initializer] +
-                            [a.set_global_step(global_step) for a, _ in accums])
-      aggregate = self._aggregate_op(num_active, markers, tokens, accums, global_step,
-                                     completed_epochs)
+                            [a.set_global_step(step) for a, _ in accums])
+      aggregate = self._aggregate_op(num_active, markers, tokens, accums, step,
+                                     completed_epochs, extra_step)
       with tf.device(dev):
         stop = markers.enqueue_many((tf.fill([n_workers], wid), tf.fill([n_workers], STOP),
                                      tf.zeros([n_workers], tf.int64)))
         close = markers.close(cancel_pending_enqueues=False)
-        diagnostics = (tf.identity(global_step), progress.read_value())
+        diagnostics = (tf.identity(step), progress.read_value())
         abort_step = tokens[wid].enqueue(tf.constant(ABORT_TOKEN, gs_dtype))
       reset = self._reset_op(markers, tokens, accums, progress)
     _v1.add_to_collection(graph_keys.DONE_OPS, done_op)
     _v1.add_to_collection(graph_keys.RESET_OPS, reset)
     _v1.add_to_collection(graph_keys.EPOCH_START_OPS, refresh)
     self.sync_ops = SyncOps(train_op, done_op, refresh, local_step_init, chief_init, aggregate,
-                            stop, close, diagnostics, completed_epochs, abort_step)
+                            stop, close, diagnostics, completed_epochs, step, abort_step)
     return train_op
 
   def _reset_op(self, markers, tokens, accums, progress) -> tf.Operation:
@@ -234,8 +251,20 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
           cleared.append(take(accum.num_accumulated()))
     return tf.group(*tf.nest.flatten(drained), fresh, *cleared, name="reset")
 
-  def _aggregate_op(self, num_active, markers, tokens, accums, global_step, completed_epochs):
-    """One run: dequeue one step's markers, apply the mean of its gradients, hand out tokens."""
+  def _own_step(self, global_step):
+    """`<name>/sync_step` beside global_step (given or the graph's), else where the scope says."""
+    anchor = global_step if global_step is not None else _v1.train.get_global_step()
+    # An absolute scope: `<name>/sync_step` wherever minimize() is called (e.g. in a head's scope).
+    with _v1.name_scope(self._name + "/"), tf.device(anchor.device if anchor is not None else ""):
+      return _v1.Variable(0, trainable=False, dtype=tf.int64, name="sync_step")
+
+  def _aggregate_op(self, num_active, markers, tokens, accums, global_step, completed_epochs,
+                    extra_step=None):
+    """One run: dequeue one step's markers, apply the mean of its gradients, hand out tokens.
+
+    `global_step` numbers the steps (global_step or the own sync_step); `extra_step`, if any, is a
+    global_step that is incremented too.
+    """
     with tf.device(global_step.device):
       n = num_active.read_value()
       ids, kinds, steps = markers.dequeue_many(n)
@@ -269,6 +298,9 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
             taken.append((accum.take_grad(g_on) * scale, var))
     with tf.device(global_step.device):
       update = self._opt.apply_gradients(taken, global_step)
+      if extra_step is not None:  # Dead (skipped) with `update` when no gradient came.
+        with tf.control_dependencies([update]):
+          update = tf.group(update, _v1.assign_add(extra_step, 1))
       with tf.control_dependencies([update]):
         new_step = tf.identity(global_step)
         counts = tf.math.unsorted_segment_sum(tf.ones_like(grad_ids), grad_ids, len(tokens))

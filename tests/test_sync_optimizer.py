@@ -133,11 +133,57 @@ class TestWorkerDoneSyncReplicasOptimizer:
     with tf.Graph().as_default():
       w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.zeros_initializer())
       opt, loss = _optimizer(), tf.reduce_sum(w * w)
-      with pytest.raises(ConfigError, match=r"global_step=None: pass .*get_or_create_global_step"):
+      with pytest.raises(ConfigError, match=r"global_step=None: pass .*get_or_create_global_step"
+                                            r".*or construct the optimizer with own_step_counter"):
         opt.minimize(loss)
       opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
       with pytest.raises(ConfigError, match=r"already called: build one train_op per optimizer"):
         opt.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+
+  @pytest.mark.parametrize("head_increments", [True, False])
+  def test_own_step_counter_two_optimizers_in_one_step_equal_oracle(self, head_increments):
+    """w and b trained by two optimizers in one train_op, each numbering steps with its sync_step.
+
+    head_increments: like a canned Estimator head, minimize() gets no global_step and the model
+    adds 1 to global_step after both optimizers' steps (so the optimizers must not touch it);
+    else the b optimizer is handed global_step and must add exactly 1 per synchronous step.
+    """
+    import tensorflow as tf
+    from hooks import graph_keys
+    v1 = tf.compat.v1
+    data = sync_data.linear_shards([3])
+    with tf.Graph().as_default():
+      global_step = v1.train.get_or_create_global_step()
+      w = v1.get_variable("w", [sync_data.DIM], initializer=v1.zeros_initializer())
+      b = v1.get_variable("b", [], initializer=v1.zeros_initializer())
+      x, y = v1.placeholder(tf.float32, [None, sync_data.DIM]), v1.placeholder(tf.float32, [None])
+      loss = tf.reduce_mean((tf.linalg.matvec(x, w) + b - y) ** 2)
+      opts = [_optimizer(num_workers=1, name=f"sync_{k}", own_step_counter=True) for k in "wb"]
+      train_op = tf.group(opts[0].minimize(loss, var_list=[w]), opts[1].minimize(
+          loss, var_list=[b], global_step=None if head_increments else global_step))
+      if head_increments:
+        with tf.control_dependencies([train_op]):
+          train_op = v1.assign_add(global_step, 1).op
+      assert [o.sync_ops.step.op.name for o in opts] == ["sync_w/sync_step", "sync_b/sync_step"]
+      hooks = [o.make_session_run_hook(True, step_timeout_secs=20, warn_after_secs=10)
+               for o in opts]
+      with v1.train.MonitoredSession(hooks=hooks) as sess:
+        for _ in range(EPOCHS):
+          sess.run(v1.get_collection(graph_keys.EPOCH_START_OPS))
+          for batch_x, batch_y in data[0]:
+            # The fetch names both optimizers' train ops, so each hook bounds the step.
+            sess.run([train_op] + [o.sync_ops.train_op for o in opts], {x: batch_x, y: batch_y})
+          sess.run(v1.get_collection(graph_keys.DONE_OPS))
+        got, got_step, sync_steps = sess.run([{"w": w, "b": b}, global_step,
+                                              [o.sync_ops.step for o in opts]])
+    want, want_step = oracle.lockstep_sgd({"w": np.zeros(sync_data.DIM), "b": np.zeros(())}, data,
+                                          oracle.linear_mse_gradients, sync_data.LEARNING_RATE,
+                                          EPOCHS)
+    assert want_step == 6 and got_step == 6 and list(sync_steps) == [6, 6]
+    assert [h.num_updates for h in hooks] == [6, 6]
+    for k, v in want.items():
+      np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-5, err_msg=k)
+    assert min(np.abs(v).max() for v in want.values()) > 0.1  # Both optimizers moved theirs.
 
   def test_registers_done_and_epoch_start_ops(self):
     import tensorflow as tf

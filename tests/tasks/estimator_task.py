@@ -1,0 +1,90 @@
+"""Cluster test task: an Estimator job under estimator_ext.train_and_evaluate, settings from flags.
+
+The --epochsync_* flags are defined (hooks.flags), so EpochSyncRunConfig takes its defaults from
+them. Every task writes <model_dir>/summary-<task>.json with what train_and_evaluate returned.
+
+  --model=linear      examples/estimator_train.py's model_fn and input_fns (custom model_fn)
+  --model=wide_deep   a canned DNNLinearCombinedRegressor (two optimizers in one step, the head
+                      increments global_step): an id column, its embedding partitioned over 2 ps
+  --early_stopping_patience=1 --early_stopping_min_delta=0.1   in-loop evaluation, early stop
+"""
+
+import json
+import os
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+
+import estimator_ext
+from examples import estimator_train
+from hooks import flags as epochsync_flags  # pylint: disable=unused-import; the --epochsync_* flags
+
+_MODEL = flags.DEFINE_enum("model", "linear", ["linear", "wide_deep"], "Which Estimator.")
+_PATIENCE = flags.DEFINE_integer("early_stopping_patience", 0, "0: no early stopping.")
+_MIN_DELTA = flags.DEFINE_float("early_stopping_min_delta", 0.0, "EarlyStopping(min_delta).")
+_IN_LOOP = flags.DEFINE_bool("in_loop_eval", False, "The chief evaluates every epoch.")
+
+FLAGS = flags.FLAGS
+VOCAB, EMBEDDING_DIM, BATCH_SIZE = 20, 4, 8
+
+
+def wide_deep_arrays(shard_id, num_batches):
+  """({"id": ids [n, 1]}, y [n, 1]) of one shard: y = 0.1 * id - 1, ids repeat within a batch."""
+  rng = np.random.default_rng(2000 + shard_id)
+  ids = rng.integers(0, VOCAB, size=(num_batches * BATCH_SIZE, 1)).astype(np.int64)
+  return {"id": ids}, (0.1 * ids - 1.0).astype(np.float32)
+
+
+def wide_deep_train_input_fn(config):
+  shards = [int(n) for n in FLAGS.shard_batches]  # examples/estimator_train.py's flag
+  features, labels = wide_deep_arrays(config.worker_id, shards[config.worker_id % len(shards)])
+  return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH_SIZE)
+
+
+def wide_deep_eval_input_fn():
+  features, labels = wide_deep_arrays(100, 3)
+  return tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH_SIZE)
+
+
+def wide_deep(config):
+  ids = tf.compat.v1.feature_column.categorical_column_with_identity("id", VOCAB)
+  return tf.compat.v1.estimator.DNNLinearCombinedRegressor(
+      linear_feature_columns=[ids],
+      linear_optimizer=estimator_ext.sync_optimizer(tf.compat.v1.train.FtrlOptimizer(0.05)),
+      dnn_feature_columns=[tf.compat.v1.feature_column.embedding_column(ids, EMBEDDING_DIM)],
+      dnn_optimizer=estimator_ext.sync_optimizer(tf.compat.v1.train.AdagradOptimizer(0.05)),
+      dnn_hidden_units=[8], input_layer_partitioner=tf.compat.v1.fixed_size_partitioner(2),
+      config=config)
+
+
+def main(argv):
+  del argv
+  stopping = (estimator_ext.EarlyStopping(metric="loss", patience=_PATIENCE.value,
+                                          min_delta=_MIN_DELTA.value)
+              if _PATIENCE.value else None)
+  config = estimator_ext.EpochSyncRunConfig(
+      FLAGS.model_dir, early_stopping=stopping,
+      in_loop_eval=_IN_LOOP.value or None)
+  if _MODEL.value == "linear":
+    estimator = tf.compat.v1.estimator.Estimator(estimator_train.model_fn, config=config)
+    train_input_fn, eval_input_fn = estimator_train.train_input_fn, estimator_train.eval_input_fn
+  else:
+    estimator = wide_deep(config)
+    train_input_fn, eval_input_fn = wide_deep_train_input_fn, wide_deep_eval_input_fn
+  result = estimator_ext.train_and_evaluate(
+      estimator, tf.estimator.TrainSpec(train_input_fn),
+      tf.estimator.EvalSpec(eval_input_fn, steps=None))
+  metrics, _ = result  # What stock train_and_evaluate returns: the last evaluation's metrics.
+  summary = {"task": config.task_name, "metrics": metrics,
+             "epochs_trained": result.epochs_trained,
+             "stopped_after": result.stopped_after,
+             "per_epoch": {str(e): m for e, m in result.per_epoch.items()}}
+  path = os.path.join(estimator.model_dir, f"summary-{config.task_name.replace(':', '-')}.json")
+  with open(path, "w") as f:
+    json.dump(summary, f)
+
+
+if __name__ == "__main__":
+  app.run(main)
