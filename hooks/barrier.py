@@ -36,8 +36,11 @@ __all__ = ["EpochBarrierHook", "ChiefAction"]
 
 _v1 = tf.compat.v1
 _ABORT = -1  # a release carrying this value means the chief gave up waiting
-# (worker id, barrier #, batches, examples, started_at, ended_at) of one arrival.
-_ARRIVAL_DTYPES = [tf.int32, tf.int64, tf.int64, tf.int64, tf.float64, tf.float64]
+_REFUSED = -2  # ... or that the chief refused the tasks' settings (its log says which)
+# (worker id, barrier #, batches, examples, started_at, ended_at, num_workers, num_epochs)
+# of one arrival; the last two let the chief refuse workers started with other settings.
+_ARRIVAL_DTYPES = [tf.int32, tf.int64, tf.int64, tf.int64, tf.float64, tf.float64, tf.int64,
+                   tf.int64]
 _RPC_TIMEOUT_SECS = 60.0  # Runs that cannot block: generous, a busy ps must not fail them.
 _READ_TIMEOUT_SECS = 5.0  # The read of who arrived, for a log line or an error message.
 _ABORT_GRACE_SECS = 2.0  # A worker outwaits its deadline by this much for the chief's abort.
@@ -116,7 +119,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self._chief_actions.append(action)
 
   def begin(self):
-    n = self.num_workers
+    n, epoch_input = self.num_workers, self._input
     with _v1.device(self._ps_device), tf.name_scope("epochsync_barrier"):
       self._completed = _v1.get_variable(
           "epochsync/completed_epochs", [], tf.int64, _v1.zeros_initializer(),
@@ -137,7 +140,9 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       # A worker: one run enqueues its arrival and marks it; then it waits for its release.
       self._arrive = tf.group(
           arrive_q.enqueue([tf.constant(self.worker_id), self._seq, self._stats[0],
-                            self._stats[1], self._times[0], self._times[1]]),
+                            self._stats[1], self._times[0], self._times[1],
+                            tf.constant(self.num_workers, tf.int64),
+                            tf.constant(epoch_input.num_epochs, tf.int64)]),
           self._mark_arrived)
       self._wait_release = release_qs[self.worker_id].dequeue()
       # The chief: one run marks it arrived, takes the n-1 arrivals and then (at an epoch's
@@ -210,16 +215,30 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._abort(session)
       raise
     arrivals = {self.task_name: own}
-    for worker, got_seq, *row in (zip(*arrived) if arrived else ()):
+    problems = []
+    for worker, got_seq, batches, examples, started, ended, n, epochs in (
+        zip(*arrived) if arrived else ()):
       name = self.worker_names[worker]
-      if got_seq != wait.seq:
-        self._abort(session)
-        raise EpochSyncError(
+      if name in arrivals:
+        problems.append(f"two tasks arrived as {name}: check that each task has its own task "
+                        "index in TF_CONFIG (or --task_index)")
+      if (n, epochs) != (self.num_workers, self._input.num_epochs):
+        problems.append(
+            f"{name} was started with {n} workers and num_epochs={epochs}, {self.task_name} "
+            f"with {self.num_workers} and {self._input.num_epochs}: start every task with the "
+            "same cluster and --epochsync_num_epochs")
+      elif got_seq != wait.seq:
+        problems.append(
             f"{name} arrived at barrier #{got_seq} while the chief waits at {wait.barrier} "
             f"#{wait.seq} (epoch {wait.epoch}): the workers disagree on the epoch; check that "
-            "every task runs the same num_epochs and restarts from the same model_dir")
-      arrivals[name] = EpochStats(wait.epoch, int(row[0]), int(row[1]), float(row[2]),
-                                  float(row[3]))
+            "every task restarts from the same model_dir")
+      arrivals[name] = EpochStats(wait.epoch, int(batches), int(examples), float(started),
+                                  float(ended))
+    if problems:
+      self._abort(session, _REFUSED)
+      message = f"{self.task_name} at {wait.barrier} of epoch {wait.epoch}: " + "; ".join(problems)
+      logging.error("%s", message)
+      raise ConfigError(message)
     return arrivals
 
   def _run_chief_actions(self, session, wait: "_Wait", arrivals) -> Dict[str, object]:
@@ -234,10 +253,10 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       raise
     return fields
 
-  def _abort(self, session) -> None:
+  def _abort(self, session, code: int = _ABORT) -> None:
     """Releases every waiting worker with an abort, so each fails now instead of timing out."""
     try:
-      self._run(session, self._release, {self._release_value: _ABORT})
+      self._run(session, self._release, {self._release_value: code})
     except tf.errors.OpError as e:  # Already failing: say so, keep the original error.
       logging.error("%s could not release the workers with an abort: %s", self.task_name,
                     e.message)
@@ -251,6 +270,11 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     got = self._result(call, wait)
     if got == wait.seq:
       return
+    if got == _REFUSED:
+      raise ConfigError(
+          f"{self.task_name}: {self.worker_names[0]} refused the tasks' settings at "
+          f"{wait.barrier} of epoch {wait.epoch} (two tasks with one index, or tasks started "
+          f"with different clusters or --epochsync_num_epochs): see {self.worker_names[0]}'s log")
     if got == _ABORT:
       if self._liveness:  # The chief may have given up because a task died: name it.
         self._liveness.raise_if_any_died(wait.where)

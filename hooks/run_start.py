@@ -19,7 +19,7 @@ from absl import logging
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks.errors import StartupTimeoutError
+from hooks.errors import ConfigError, StartupTimeoutError
 from hooks.liveness import LivenessMonitor
 from hooks.waiting import run_options
 
@@ -66,6 +66,7 @@ class RunStartHook(_v1.train.SessionRunHook):
       self._set_run_id = self._run_id.assign(self._new_run_id)
 
   def after_create_session(self, session, coord) -> None:
+    self._check_own_address(session)
     incarnation = self._chief_incarnation()
     if self._is_chief:
       start = time.monotonic()
@@ -78,6 +79,20 @@ class RunStartHook(_v1.train.SessionRunHook):
                    time.monotonic() - start)
       return
     self._wait_for_run(session, incarnation)
+
+  def _check_own_address(self, session) -> None:
+    """Refuses to start if another process answers at this task's address (a duplicate index)."""
+    if self._task not in self._liveness.addresses:
+      return
+    job, index = self._task.split(":")
+    prefix = f"/job:{job}/replica:0/task:{index}/"
+    own = {d.incarnation for d in session.list_devices() if d.name.startswith(prefix)}
+    answer = self._liveness.probe([self._task])[self._task]
+    if own and answer.state == "up" and answer.incarnation not in own:
+      raise ConfigError(
+          f"another process answers at {self._liveness.addresses[self._task]}, the address of "
+          f"{self._task}: two tasks claim {self._task}; give every task its own index "
+          "(TF_CONFIG's task.index, or --task_index)")
 
   def _chief_incarnation(self) -> int:
     answer = self._liveness.probe([self._chief])[self._chief]

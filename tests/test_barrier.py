@@ -392,3 +392,63 @@ class TestEpochBarrierHookSeveralTasks:
     assert ("in epoch 0 on worker:1: the chief gave up: 2/3 arrived; missing worker:0 "
             in str(error))
     assert audit == []
+
+
+def _run_sessions(tasks, timeout_secs=10):
+  """One thread per (worker_id, task_name, num_workers, num_epochs) against one server.
+
+  Returns {index in `tasks`: the exception raised, or None}.
+  """
+  server = tf.distribute.Server.create_local_server()
+  results = {}
+
+  def run(i, worker_id, name, num_workers, num_epochs):
+    try:
+      with tf.Graph().as_default():
+        epoch_input, train_op, _ = _model(num_epochs=num_epochs, task_name=name)
+        names = ("chief:0",) + tuple(f"worker:{k}" for k in range(num_workers - 1))
+        barrier = EpochBarrierHook(epoch_input, num_workers=num_workers, worker_id=worker_id,
+                                   worker_names=names, ps_device=LOCAL,
+                                   timeout_secs=timeout_secs, startup_timeout_secs=timeout_secs)
+        creator = (v1.train.ChiefSessionCreator(master=server.target) if worker_id == 0 else
+                   FastWorkerSessionCreator(master=server.target, max_wait_secs=10,
+                                            poll_secs=0.05))
+        with v1.train.MonitoredSession(creator, hooks=[barrier, epoch_input.hook]) as sess:
+          _train(sess, train_op)
+      results[i] = None
+    except Exception as e:  # handed to the test, which asserts on it
+      results[i] = e
+
+  threads = [threading.Thread(target=run, args=(i,) + task, daemon=True)
+             for i, task in enumerate(tasks)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=30)
+  assert not any(t.is_alive() for t in threads), "a task hung"
+  return results
+
+
+@pytest.mark.timeout(60, method="thread")
+class TestEpochBarrierHookRefusesInconsistentTasks:
+
+  def test_two_tasks_with_one_index(self):
+    results = _run_sessions([(0, "chief:0", 3, 2), (1, "worker:0", 3, 2),
+                             (1, "worker:0", 3, 2)])
+    assert isinstance(results[0], ConfigError), results
+    assert str(results[0]) == (
+        "chief:0 at start of epoch 0: two tasks arrived as worker:0: check that each task has "
+        "its own task index in TF_CONFIG (or --task_index)")
+    # One release per worker id: one duplicate gets the refusal, the other times out (with
+    # liveness probes it would name the chief, which has exited, within seconds).
+    refused = [results[i] for i in (1, 2) if isinstance(results[i], ConfigError)]
+    assert len(refused) == 1, results
+    assert "worker:0: chief:0 refused the tasks' settings at start of epoch 0" in str(refused[0])
+    assert any(isinstance(results[i], BarrierTimeoutError) for i in (1, 2)), results
+
+  def test_tasks_started_with_different_num_epochs(self):
+    results = _run_sessions([(0, "chief:0", 2, 3), (1, "worker:0", 2, 2)])
+    assert isinstance(results[0], ConfigError), results
+    assert ("worker:0 was started with 2 workers and num_epochs=2, chief:0 with 2 and 3: "
+            "start every task with the same cluster and --epochsync_num_epochs") in str(results[0])
+    assert isinstance(results[1], ConfigError), results

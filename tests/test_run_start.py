@@ -1,0 +1,96 @@
+"""Tests for hooks/run_start.py: the chief cleans up and starts the run, workers wait for it."""
+
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from hooks import graph_keys
+from hooks import run_start
+from hooks.errors import ConfigError, StartupTimeoutError
+from hooks.liveness import LivenessMonitor, Probe
+from hooks.run_start import RunStartHook
+from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
+
+
+def test_exports():
+  assert run_start.__all__ == ["RunStartHook"]
+
+
+class _Probes:
+
+  def __init__(self, chief_incarnation=7, own_incarnation=None):
+    self.answers = {"chief": Probe("up", chief_incarnation)}
+    if own_incarnation is not None:
+      self.answers["me"] = Probe("up", own_incarnation)
+
+  def probe(self, address, timeout):
+    return self.answers[address]
+
+
+def _hook(probes, is_chief, task_name="worker:1", timeout=5.0):
+  addresses = {"chief:0": "chief"}
+  if "me" in probes.answers:
+    addresses[task_name] = "me"
+  monitor = LivenessMonitor(addresses, task_name, probe=probes.probe)
+  return RunStartHook(is_chief, "chief:0", monitor, task_name=task_name,
+                      startup_timeout_secs=timeout, ps_device=LOCAL)
+
+
+def _session_with(hook, target=""):
+  hook.begin()
+  sess = v1.Session(target)
+  hook.after_create_session(sess, None)
+  return sess
+
+
+@pytest.mark.timeout(30, method="thread")
+class TestRunStartHook:
+
+  def test_the_chief_runs_the_reset_ops_and_writes_its_incarnation(self, graph):
+    queue = v1.FIFOQueue(-1, [tf.int64], shapes=[[]], shared_name="leftovers")
+    v1.add_to_collection(graph_keys.RESET_OPS, queue.dequeue_many(queue.size()))
+    hook = _hook(_Probes(chief_incarnation=0xABC), is_chief=True, task_name="chief:0")
+    hook.begin()
+    with v1.Session() as sess:
+      sess.run(queue.enqueue_many([[1, 2, 3]]))  # what an earlier run left
+      hook.after_create_session(sess, None)
+      assert sess.run(queue.size()) == 0
+      assert sess.run(graph.get_tensor_by_name("epochsync_run_start/epochsync_run_id:0")) == 0xABC
+
+  def test_a_worker_waits_until_the_current_chief_started_the_run(self):
+    server = tf.distribute.Server.create_local_server()
+
+    def task(is_chief, name):  # each task has its own graph, as in a real cluster
+      with tf.Graph().as_default():
+        hook = _hook(_Probes(chief_incarnation=42), is_chief=is_chief, task_name=name)
+        hook.begin()
+        sess = v1.Session(server.target)
+      return hook, sess
+
+    chief_hook, chief = task(True, "chief:0")
+    worker_hook, worker = task(False, "worker:1")
+    chief.run(chief_hook._run_id.initializer)  # the previous run's chief left 0 there
+    timer = threading.Timer(0.5, lambda: chief_hook.after_create_session(chief, None))
+    start = time.monotonic()
+    timer.start()
+    worker_hook.after_create_session(worker, None)
+    assert 0.4 <= time.monotonic() - start < 3
+    timer.join()
+
+  def test_a_worker_gives_up_at_its_startup_timeout_naming_the_chief(self, graph):
+    hook = _hook(_Probes(chief_incarnation=42), is_chief=False, timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(StartupTimeoutError, match=r"^worker:1 waited 0.5 s for chief:0 to start "
+                                                  r"the run .* found nothing\): check its log"):
+      _session_with(hook)
+    assert time.monotonic() - start < 3
+
+  def test_two_processes_claiming_one_task_are_refused(self, graph):
+    # This in-process session's own task is /job:localhost/replica:0/task:0.
+    hook = _hook(_Probes(own_incarnation=123456789), is_chief=True, task_name="localhost:0")
+    with pytest.raises(ConfigError, match=r"^another process answers at me, the address of "
+                                          r"localhost:0: two tasks claim localhost:0; give every "
+                                          r"task its own index"):
+      _session_with(hook)
