@@ -127,6 +127,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._arrived = _v1.get_variable(
           "epochsync/arrived_barrier", [n], tf.int64, _v1.constant_initializer(-1),
           trainable=False, use_resource=False)
+      for var in (self._completed, self._arrived):
+        _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)
       # Unbounded (capacity -1): an enqueue never blocks, so only the dequeues below wait.
       arrive_q = _v1.FIFOQueue(-1, _ARRIVAL_DTYPES, shapes=[[]] * len(_ARRIVAL_DTYPES),
                                shared_name="epochsync_barrier_arrivals", name="arrive_q")

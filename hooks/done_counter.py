@@ -66,6 +66,7 @@ class WorkerDoneHook(_v1.train.SessionRunHook, EpochListener):
       self._done_epochs = _v1.get_variable(
           "epochsync/done_epochs", [self.num_workers], tf.int64, _v1.zeros_initializer(),
           trainable=False, use_resource=False)
+      _v1.add_to_collection(graph_keys.STATE_VARIABLES, self._done_epochs)
       self._epoch = _v1.placeholder(tf.int64, [], "epoch")
       mark = _v1.scatter_max(self._done_epochs, [self.worker_id], [self._epoch + 1])
       with tf.control_dependencies([mark]):

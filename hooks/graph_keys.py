@@ -8,7 +8,7 @@ Typical usage:
   # WorkerDoneHook runs every op in DONE_OPS once per epoch, when this worker's shard ends.
 """
 
-__all__ = ["DONE_OPS", "EPOCH_START_OPS", "RESET_OPS"]
+__all__ = ["DONE_OPS", "EPOCH_START_OPS", "RESET_OPS", "STATE_VARIABLES"]
 
 # Ops each worker runs once per epoch right after its shard for the epoch is exhausted
 # (immediately at epoch start for an empty shard), before it arrives at the epoch barrier.
@@ -22,3 +22,8 @@ EPOCH_START_OPS = "epochsync_epoch_start_ops"
 # and accumulators (RunStartHook): they drain what an earlier run on the same long-lived ps
 # tasks left behind (arrivals, releases, markers, tokens, half-accumulated gradients).
 RESET_OPS = "epochsync_reset_ops"
+
+# tf-epochsync's own saved variables (completed epochs, done counters, progress, step
+# counters). A checkpoint that lacks them (written by a stock job) or holds them with another
+# worker count still restores: the chief restores every model variable and starts these fresh.
+STATE_VARIABLES = "epochsync_state_variables"

@@ -86,7 +86,7 @@ class RunStartHook(_v1.train.SessionRunHook):
       return
     job, index = self._task.split(":")
     prefix = f"/job:{job}/replica:0/task:{index}/"
-    own = {d.incarnation for d in session.list_devices() if d.name.startswith(prefix)}
+    own = {d.incarnation % 2**64 for d in session.list_devices() if d.name.startswith(prefix)}
     answer = self._liveness.probe([self._task])[self._task]
     if own and answer.state == "up" and answer.incarnation not in own:
       raise ConfigError(

@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 
 from hooks import liveness as liveness_lib
+from hooks import restore as restore_lib
 from hooks.cluster import ClusterConfig
 from hooks.errors import EpochSyncError, StartupTimeoutError
 from hooks.liveness import LivenessMonitor
@@ -126,6 +127,10 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
 class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive):
   """A ChiefSessionCreator that waits for the ps tasks with a deadline and creates one session.
 
+  It also restores checkpoints written without tf-epochsync (a stock job switched on) or with
+  another worker count: every model variable is restored, tf-epochsync's own state starts
+  fresh, and one WARNING line says so (`hooks.restore`).
+
     creator = EpochSyncChiefSessionCreator(master=server.target, checkpoint_dir=model_dir,
                                            liveness=monitor_for(config))
     sess = tf.compat.v1.train.MonitoredSession(session_creator=creator)
@@ -153,7 +158,31 @@ class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive)
 
   def create_session(self):
     self._before_create()
-    return super().create_session()
+    plan = self._partial_restore_plan()
+    if plan is None:
+      return super().create_session()
+    # Built before the scaffold finalizes the graph. The session manager then initialises
+    # everything as if there were no checkpoint, and the saver restores the model over it.
+    saver = _v1.train.Saver(var_list=plan.restore, sharded=True, allow_empty=True)
+    hidden = self._checkpoint_dir, self._checkpoint_filename_with_path
+    self._checkpoint_dir = self._checkpoint_filename_with_path = None
+    try:
+      sess = super().create_session()
+    finally:
+      self._checkpoint_dir, self._checkpoint_filename_with_path = hidden
+    saver.restore(sess, plan.checkpoint)
+    restore_lib.log_plan(plan, completed_epochs_fresh=any(
+        v.op.name.endswith("completed_epochs") for v in plan.fresh))
+    return sess
+
+  def _partial_restore_plan(self):
+    """A RestorePlan if the checkpoint lacks (or mis-shapes) tf-epochsync's state, else None."""
+    path = self._checkpoint_filename_with_path or (
+        self._checkpoint_dir and tf.train.latest_checkpoint(self._checkpoint_dir))
+    if not path:
+      return None
+    plan = restore_lib.restore_plan(path, _v1.global_variables())
+    return plan if plan.fresh else None
 
 
 class _PollingSessionManager(_v1.train.SessionManager):

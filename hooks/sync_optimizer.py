@@ -221,6 +221,8 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
       reset = self._reset_op(markers, tokens, accums, progress)
     _v1.add_to_collection(graph_keys.DONE_OPS, done_op)
     _v1.add_to_collection(graph_keys.RESET_OPS, reset)
+    for var in [progress, completed_epochs] + ([step] if step is not global_step else []):
+      _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)
     _v1.add_to_collection(graph_keys.EPOCH_START_OPS, refresh)
     self.sync_ops = SyncOps(train_op, done_op, refresh, local_step_init, chief_init, aggregate,
                             stop, close, diagnostics, completed_epochs, step, abort_step)

@@ -53,6 +53,7 @@ def _assert_every_survivor_names(result, victim, killed_at):
         f"{task.name} did not fail by itself:\n{task.tail()}")
     assert task.ended_at - killed_at < DETECT_SECS, (
         f"{task.name} exited {task.ended_at - killed_at:.1f} s after the kill")
+    print(f"fault: {victim} killed; {task.name} exited {task.ended_at - killed_at:.2f} s later")
     log = task.log
     assert "TaskDiedError" in log and f"{victim} died while {task.name} waited for it" in log, (
         task.tail(30))

@@ -94,3 +94,15 @@ class TestRunStartHook:
                                           r"localhost:0: two tasks claim localhost:0; give every "
                                           r"task its own index"):
       _session_with(hook)
+
+
+def test_a_task_answering_at_its_own_address_passes_the_check(graph):
+  """The real probe and the session's own devices agree on the incarnation (unsigned)."""
+  server = tf.distribute.Server.create_local_server()
+  monitor = LivenessMonitor({"localhost:0": server.target[len("grpc://"):]}, "localhost:0")
+  hook = RunStartHook(True, "localhost:0", monitor, task_name="localhost:0", ps_device=LOCAL)
+  hook.begin()
+  with v1.Session(server.target) as sess:
+    hook.after_create_session(sess, None)  # no ConfigError
+    run_id = sess.run(hook._run_id)
+  assert run_id == monitor.probe(["localhost:0"])["localhost:0"].incarnation & (2**63 - 1)
