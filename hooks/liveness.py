@@ -102,8 +102,16 @@ class LivenessMonitor:
       if not force and now - self._last_check.get(key, -float("inf")) < self.period_secs:
         return
       self._last_check[key] = now
-    for name, why in self.dead(names):
-      raise self.died(name, why, where)
+    self._raise_first(self.dead(names), where)
+
+  def _raise_first(self, dead: List[Tuple[str, str]], where: str) -> None:
+    """Raises TaskDiedError for the root cause among `dead`: a ps first (its death makes the
+    others exit), naming the other dead tasks too."""
+    if not dead:
+      return
+    dead = sorted(dead, key=lambda d: not d[0].startswith("ps:"))
+    (name, why), others = dead[0], [n for n, _ in dead[1:]]
+    raise self.died(name, why + (f" (also gone: {', '.join(others)})" if others else ""), where)
 
   def died(self, name: str, why: str, where: str) -> TaskDiedError:
     """The TaskDiedError (logged) for task `name`, gone for reason `why`."""
@@ -135,9 +143,8 @@ class LivenessMonitor:
       time.sleep(min(0.25, max(0.0, deadline - self._clock())))
 
   def raise_if_any_died(self, where: str) -> None:
-    """Probes every task of the cluster now; raises TaskDiedError for the first one gone."""
-    for name, why in self.dead(sorted(self.addresses)):
-      raise self.died(name, why, where)
+    """Probes every task of the cluster now; raises TaskDiedError if one is gone (a ps first)."""
+    self._raise_first(self.dead(sorted(self.addresses)), where)
 
 
 def explain_lost_session(error: Exception, monitor: Optional[LivenessMonitor], task_name: str,
@@ -149,8 +156,10 @@ def explain_lost_session(error: Exception, monitor: Optional[LivenessMonitor], t
   that died (if a probe finds it) or an EpochSyncError, neither of which it retries.
   """
   if monitor is not None:
-    for name, why in monitor.dead(sorted(monitor.addresses)):
-      return monitor.died(name, why, where)
+    try:
+      monitor.raise_if_any_died(where)
+    except TaskDiedError as died:
+      return died
   return EpochSyncError(
       f"{task_name} lost its session {where}: {type(error).__name__}: "
       f"{getattr(error, 'message', error)}. A task or the network failed; restart the whole job "

@@ -137,3 +137,15 @@ def test_the_grpc_probe_of_a_real_server_and_of_a_closed_port():
   assert answers["ps:0"].state == "up" and answers["ps:0"].incarnation != 0
   assert monitor.probe(["ps:0"])["ps:0"].incarnation == answers["ps:0"].incarnation
   assert answers["ps:1"].state == "down" and "UNAVAILABLE" in answers["ps:1"].detail
+
+
+def test_a_dead_ps_is_named_first_with_the_others_that_are_gone():
+  cluster = FakeCluster()
+  monitor = cluster.monitor()
+  monitor.probe(list(ADDRESSES))
+  cluster.kill("chief:0")  # the chief exited because ps:1 died
+  cluster.kill("ps:1")
+  with pytest.raises(TaskDiedError) as info:
+    monitor.check(["chief:0", "ps:0", "ps:1"], where="at step 2")
+  assert info.value.task == "ps:1"
+  assert "Connection refused (also gone: chief:0). Restart" in str(info.value)
