@@ -100,6 +100,7 @@ class EpochInput:
     self._spec = dataset.element_spec
     flat_spec = tf.nest.flatten(self._spec)
     with tf.name_scope("epochsync_input"):
+      self._cardinality = dataset.cardinality()
       self._iterator = _v1.data.make_initializable_iterator(dataset)
       self._buffer = _v1.FIFOQueue(2, [s.dtype for s in flat_spec], name="buffer")
       self._preload = self._refill()
@@ -144,6 +145,11 @@ class EpochInput:
   def get_next(self) -> Any:
     """The current batch, with the dataset's structure; consuming it advances the epoch."""
     return self._next
+
+  @property
+  def batches_per_epoch_tensor(self) -> tf.Tensor:
+    """The dataset's cardinality (int64): batches per epoch, or -2 unknown, -1 infinite."""
+    return self._cardinality
 
   @property
   def epoch_tensor(self) -> tf.Tensor:

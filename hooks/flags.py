@@ -31,6 +31,7 @@ __all__ = [
     "STEP_TIMEOUT_SECS",
     "WARN_AFTER_SECS",
     "LOG_EVERY_SECS",
+    "PROGRESS_SECS",
     "SYNC",
     "DIVIDE_BY_INITIAL_WORKERS",
     "ENV_PREFIX",
@@ -87,6 +88,10 @@ LOG_EVERY_SECS = _define_secs(
     "epochsync_log_every_secs", _DEFAULTS.log_every_secs,
     "Period of the INFO lines listing who is still missing during a wait; only the logging "
     "depends on it, never a deadline.", minimum=_settings.MIN_LOG_EVERY_SECS)
+PROGRESS_SECS = _define_secs(
+    "epochsync_progress_secs", _DEFAULTS.progress_secs,
+    "Period of a worker's progress line (batches done, examples/s) within a long epoch; every "
+    "epoch's end logs one line anyway.")
 SYNC = flags.DEFINE_bool(
     "epochsync_sync", _DEFAULTS.sync,
     "Aggregate gradients synchronously over the active workers (else train asynchronously).")
@@ -110,7 +115,8 @@ _CROSS_RULES = {WARN_AFTER_SECS.name: f"< --{BARRIER_TIMEOUT_SECS.name}"}
 
 # Every --epochsync_* flag, in the order of docs/flags.md.
 EPOCHSYNC_FLAGS = (NUM_EPOCHS, NUM_WORKERS, SYNC, DIVIDE_BY_INITIAL_WORKERS, STARTUP_TIMEOUT_SECS,
-                   BARRIER_TIMEOUT_SECS, STEP_TIMEOUT_SECS, WARN_AFTER_SECS, LOG_EVERY_SECS)
+                   BARRIER_TIMEOUT_SECS, STEP_TIMEOUT_SECS, WARN_AFTER_SECS, LOG_EVERY_SECS,
+                   PROGRESS_SECS)
 
 # Each settings field and the flag that sets it.
 _SETTINGS_FLAGS = {
@@ -120,6 +126,7 @@ _SETTINGS_FLAGS = {
     "step_timeout_secs": STEP_TIMEOUT_SECS,
     "warn_after_secs": WARN_AFTER_SECS,
     "log_every_secs": LOG_EVERY_SECS,
+    "progress_secs": PROGRESS_SECS,
     "sync": SYNC,
     "divide_by_initial_workers": DIVIDE_BY_INITIAL_WORKERS,
 }

@@ -14,7 +14,7 @@ from hooks.errors import ConfigError
 FLAGS = flags.FLAGS
 SECS_FLAGS = ["epochsync_barrier_timeout_secs", "epochsync_startup_timeout_secs",
               "epochsync_step_timeout_secs", "epochsync_warn_after_secs",
-              "epochsync_log_every_secs"]
+              "epochsync_log_every_secs", "epochsync_progress_secs"]
 CLUSTER_FLAGS = ["job_name", "task_index", "ps_hosts", "worker_hosts", "chief_hosts",
                  "evaluator_hosts"]
 CLUSTER_ARGV = ["--job_name=worker", "--task_index=1", "--ps_hosts=p0:1,p1:1",
@@ -38,7 +38,7 @@ def parse(monkeypatch):
 def test_exports():
   assert set(flags_lib.__all__) == {
       "NUM_WORKERS", "NUM_EPOCHS", "BARRIER_TIMEOUT_SECS", "STARTUP_TIMEOUT_SECS",
-      "STEP_TIMEOUT_SECS", "WARN_AFTER_SECS", "LOG_EVERY_SECS", "SYNC",
+      "STEP_TIMEOUT_SECS", "WARN_AFTER_SECS", "LOG_EVERY_SECS", "PROGRESS_SECS", "SYNC",
       "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
       "settings_from_flags", "ENV_PREFIX", "EPOCHSYNC_FLAGS", "env_var", "apply_env"}
 
@@ -155,7 +155,7 @@ ENV_VALUES = {
     "epochsync_sync": ("false", False), "epochsync_divide_by_initial_workers": ("1", True),
     "epochsync_startup_timeout_secs": ("30", 30.0), "epochsync_barrier_timeout_secs": ("90", 90.0),
     "epochsync_step_timeout_secs": (" 20.5 ", 20.5), "epochsync_warn_after_secs": ("7", 7.0),
-    "epochsync_log_every_secs": ("2", 2.0)}
+    "epochsync_log_every_secs": ("2", 2.0), "epochsync_progress_secs": ("3", 3.0)}
 
 
 class TestEnvironmentVariables:
@@ -175,7 +175,8 @@ class TestEnvironmentVariables:
       assert getattr(FLAGS, name) == value, name
     assert flags_lib.settings_from_flags() == EpochSyncSettings(
         num_epochs=4, sync=False, divide_by_initial_workers=True, startup_timeout_secs=30,
-        barrier_timeout_secs=90, step_timeout_secs=20.5, warn_after_secs=7, log_every_secs=2)
+        barrier_timeout_secs=90, step_timeout_secs=20.5, warn_after_secs=7, log_every_secs=2,
+        progress_secs=3)
 
   def test_flag_over_environment_over_default(self, parse, monkeypatch):
     parse("--epochsync_num_epochs=5", "--epochsync_sync")
