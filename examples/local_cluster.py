@@ -2,7 +2,10 @@
 
 Every worker trains exactly one pass over its shard per epoch (shards 9/5/0 batches by
 default: uneven, one empty), all wait at the epoch barrier, the chief saves one
-checkpoint per epoch, and the job ends by itself after the last epoch.
+checkpoint per epoch, and the job ends by itself after the last epoch. While it trains,
+each worker's progress lines (one per epoch, and one at most every --progress_secs within
+a long epoch) and the chief's per-epoch line are echoed; at the end a table epoch x worker
+(examples, seconds, barrier wait) and where the audit and the TensorBoard logs are.
 
 Typical usage:
   python -m examples.local_cluster                       # 1 ps + 3 workers, 3 epochs
@@ -13,11 +16,13 @@ import json
 import os
 import sys
 import tempfile
+import threading
+from typing import Dict, List, Sequence
 
 from absl import app
 from absl import flags
 
-from hooks.audit import read_audit
+from hooks.audit import AUDIT_FILENAME, read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", 3, "Training workers.", lower_bound=1)
@@ -26,9 +31,40 @@ _NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Epochs to train.", lower_bo
 _SHARDS = flags.DEFINE_list("shard_batches", ["9", "5", "0"], "Batches per worker's shard.")
 _TIMEOUT = flags.DEFINE_float("timeout_secs", 300, "Hard deadline for the whole job.")
 _STREAM = flags.DEFINE_boolean("stream_logs", False, "Echo every task's log, prefixed.")
+_PROGRESS_SECS = flags.DEFINE_float("progress_secs", 10, "A worker's progress line within a "
+                                    "long epoch at most this often.", lower_bound=0.1)
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, audit, summaries and logs "
                                  "(default: a new temporary directory).")
 
+def progress_printer(out=sys.stdout):
+  """An on_line callback that echoes the progress lines of the tasks' absl logs."""
+  lock = threading.Lock()
+
+  def on_line(task: str, line: str) -> None:
+    message = line.split("] ", 1)[1].rstrip() if "] " in line else ""
+    if message.startswith("progress ") or (message.startswith("epoch ") and
+                                           " done on all " in message):
+      with lock:
+        print(f"  {message if message.startswith('progress ') else task + ': ' + message}",
+              file=out, flush=True)
+
+  return on_line
+
+def epoch_table(audit: Sequence[dict]) -> List[str]:
+  """Lines of a table epoch x worker: examples, seconds of the worker's epoch, barrier wait."""
+  workers: List[str] = sorted({w for line in audit for w in line["workers"]})
+  width = 24
+  head = "epoch | " + " | ".join(f"{w:<{width}}" for w in workers) + " | global_step"
+  sub = "      | " + " | ".join(f"{'examples   secs   wait':<{width}}" for _ in workers) + " |"
+  rows = [head, sub]
+  for line in audit:
+    cells = []
+    for w in workers:
+      s: Dict[str, float] = line["workers"][w]
+      cells.append(f"{s['examples']:>8} {s['arrived_at'] - s['started_at']:6.2f} "
+                   f"{s['barrier_wait_secs']:6.2f}".ljust(width))
+    rows.append(f"{line['epoch']:>5} | " + " | ".join(cells) + f" | {line['global_step']}")
+  return rows
 
 def _demo_timeouts(task_args):
   """The demo's short timeouts, for each --epochsync_* timeout flag the task args leave unset.
@@ -52,26 +88,32 @@ def main(argv):
   model_dir = _MODEL_DIR.value or tempfile.mkdtemp(prefix="epochsync-demo-")
   command = [sys.executable, "-m", "examples.train", "--model_dir=" + model_dir,
              "--shard_batches=" + ",".join(_SHARDS.value),
-             f"--epochsync_num_epochs={_NUM_EPOCHS.value}"]
+             f"--epochsync_num_epochs={_NUM_EPOCHS.value}",
+             f"--epochsync_progress_secs={_PROGRESS_SECS.value}"]
   command += _demo_timeouts(argv[1:]) + argv[1:]
   cluster = LocalCluster(num_workers=_NUM_WORKERS.value, num_ps=_NUM_PS.value,
                          timeout_secs=_TIMEOUT.value, stream_logs=_STREAM.value,
-                         log_dir=os.path.join(model_dir, "logs"))
+                         log_dir=os.path.join(model_dir, "logs"),
+                         on_line=None if _STREAM.value else progress_printer())
+  print(f"cluster: {json.dumps(cluster.cluster)}", flush=True)
+  print("training (each worker's progress, and the chief after every epoch):", flush=True)
   with cluster:
     cluster.start(command)
     result = cluster.wait()
-  print(f"cluster: {json.dumps(cluster.cluster)}")
   print(f"job finished in {result.elapsed_secs:.1f} s; model_dir {model_dir}")
   for name, task in sorted(result.tasks.items()):
     print(f"  {name:<10} pid {task.pid:<7} exit {task.returncode}  log {task.log_path}")
-  print("per-epoch audit (written by the chief after every worker finished the epoch):")
-  for line in read_audit(model_dir):
-    workers = "  ".join(f"{w} {s['batches']}b/{s['examples']}ex"
-                        for w, s in line["workers"].items())
-    print(f"  epoch {line['epoch']}: {workers}  global_step {line['global_step']}  "
-          f"checkpoint {os.path.basename(str(line.get('checkpoint')))}")
+  audit = read_audit(model_dir)
+  print("per epoch and worker (from the chief's audit): examples, seconds of its epoch, "
+        "seconds it waited at the barrier")
+  for row in epoch_table(audit):
+    print("  " + row)
+  for line in audit:
+    print(f"  epoch {line['epoch']} checkpoint {line.get('checkpoint')}")
+  print(f"audit:       {os.path.join(model_dir, AUDIT_FILENAME)}")
+  print(f"TensorBoard: tensorboard --logdir {model_dir}   (per-epoch scalars: run 'epochsync'; "
+        "loss and global_step/sec: the top run)")
   result.check()
-
 
 if __name__ == "__main__":
   app.run(main)
