@@ -6,10 +6,12 @@ task writes when its session was created and when its first step finished; the c
 writes when it initialised the model (Scaffold init_fn). A worker that asks before the chief
 initialised waits for its next readiness check: every 0.5 s here (`--worker_poll_secs`), every
 30 s with TensorFlow's own MonitoredTrainingSession (`--poll_secs=0.5,30` measures both).
+Whether a worker asks early depends on who builds its graph first; `--chief_delay_secs=3`
+makes every worker ask early (the chief starts 3 s late), the case the poll interval matters.
 
 Typical usage:
   python -m bench.startup                                  # 3 runs, poll 0.5 s
-  python -m bench.startup --poll_secs=0.5,30 --repetitions=2 --output=bench/results/x.json
+  python -m bench.startup --poll_secs=0.5,30 --chief_delay_secs=3 --output=bench/results/x.json
 """
 
 import json
@@ -29,12 +31,14 @@ _WORKERS = flags.DEFINE_integer("workers", 6, "Training tasks (a chief job + wor
                                 lower_bound=2)
 _PS = flags.DEFINE_integer("num_ps", 2, "ps tasks.", lower_bound=1)
 _POLL = flags.DEFINE_list("poll_secs", ["0.5"], "Worker readiness-check intervals to measure.")
+_DELAY = flags.DEFINE_float("chief_delay_secs", 0.0, "The chief starts this late (0: all at once).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write all results as JSON here.")
 
 
 def _one_run(poll_secs: float) -> dict:
   out = tempfile.mkdtemp(prefix="epochsync-bench-startup-")
-  command = [sys.executable, "-m", "examples.train", f"--model_dir={out}",
+  command = [sys.executable, "-m", "bench.startup_task", f"--model_dir={out}",
+             f"--chief_start_delay_secs={_DELAY.value}",
              "--shard_batches=" + ",".join(["3"] * _WORKERS.value),
              "--epochsync_num_epochs=1", f"--worker_poll_secs={poll_secs}",
              "--epochsync_startup_timeout_secs=120", "--epochsync_barrier_timeout_secs=120"]
@@ -49,7 +53,7 @@ def _one_run(poll_secs: float) -> dict:
     rows[row["task"]] = row
   initialised = rows["chief:0"]["initialised_at"]
   workers = sorted(n for n in rows if n != "chief:0")
-  return {"poll_secs": poll_secs, "tasks": len(rows),
+  return {"poll_secs": poll_secs, "chief_delay_secs": _DELAY.value, "tasks": len(rows),
           "session_after_init_secs": {n: rows[n]["session_created_at"] - initialised
                                       for n in workers},
           "first_step_after_init_secs": {n: rows[n]["first_step_at"] - initialised
@@ -66,7 +70,8 @@ def main(argv):
       run["repetition"] = rep
       results.append(run)
       sessions, steps = run["session_after_init_secs"], run["first_step_after_init_secs"]
-      print(f"rep={rep} poll={poll:g} s, {run['tasks']} training tasks: chief initialised -> "
+      print(f"rep={rep} poll={poll:g} s, chief delay {_DELAY.value:g} s, {run['tasks']} training "
+            "tasks: chief initialised -> "
             f"worker sessions {min(sessions.values()):.2f}..{max(sessions.values()):.2f} s, "
             f"first steps done {min(steps.values()):.2f}..{max(steps.values()):.2f} s",
             flush=True)
