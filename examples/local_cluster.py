@@ -16,12 +16,11 @@ import json
 import os
 import sys
 import tempfile
-import threading
-from typing import Dict, List, Sequence
 
 from absl import app
 from absl import flags
 
+from examples.demo_report import epoch_table, progress_printer
 from hooks.audit import AUDIT_FILENAME, read_audit
 from hooks.testing.local_cluster import LocalCluster
 
@@ -36,35 +35,6 @@ _PROGRESS_SECS = flags.DEFINE_float("progress_secs", 10, "A worker's progress li
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, audit, summaries and logs "
                                  "(default: a new temporary directory).")
 
-def progress_printer(out=sys.stdout):
-  """An on_line callback that echoes the progress lines of the tasks' absl logs."""
-  lock = threading.Lock()
-
-  def on_line(task: str, line: str) -> None:
-    message = line.split("] ", 1)[1].rstrip() if "] " in line else ""
-    if message.startswith("progress ") or (message.startswith("epoch ") and
-                                           " done on all " in message):
-      with lock:
-        print(f"  {message if message.startswith('progress ') else task + ': ' + message}",
-              file=out, flush=True)
-
-  return on_line
-
-def epoch_table(audit: Sequence[dict]) -> List[str]:
-  """Lines of a table epoch x worker: examples, seconds of the worker's epoch, barrier wait."""
-  workers: List[str] = sorted({w for line in audit for w in line["workers"]})
-  width = 24
-  head = "epoch | " + " | ".join(f"{w:<{width}}" for w in workers) + " | global_step"
-  sub = "      | " + " | ".join(f"{'examples   secs   wait':<{width}}" for _ in workers) + " |"
-  rows = [head, sub]
-  for line in audit:
-    cells = []
-    for w in workers:
-      s: Dict[str, float] = line["workers"][w]
-      cells.append(f"{s['examples']:>8} {s['arrived_at'] - s['started_at']:6.2f} "
-                   f"{s['barrier_wait_secs']:6.2f}".ljust(width))
-    rows.append(f"{line['epoch']:>5} | " + " | ".join(cells) + f" | {line['global_step']}")
-  return rows
 
 def _demo_timeouts(task_args):
   """The demo's short timeouts, for each --epochsync_* timeout flag the task args leave unset.

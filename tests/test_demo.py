@@ -1,8 +1,8 @@
-"""examples/local_cluster.py's output: the echoed progress lines and the final epoch x worker table."""
+"""examples/demo_report.py, what ./es demo prints: the echoed progress lines and the final table."""
 
 import io
 
-from examples import local_cluster as demo
+from examples import demo_report as demo
 
 AUDIT = [{"epoch": e, "global_step": 9 * (e + 1), "workers": {
     "worker:0": {"examples": 72, "started_at": 100.0, "arrived_at": 100.5,
@@ -32,3 +32,7 @@ def test_progress_printer_echoes_progress_and_the_chiefs_epoch_lines_only():
       "  progress worker:1 epoch 0 done: 5/5 batches of its shard, 40 examples in 0.40 s, "
       "100.0 examples/s",
       "  worker:0: epoch 0 done on all 3 workers: ..."]
+
+
+def test_exports():
+  assert sorted(demo.__all__) == ["epoch_table", "progress_printer"]

@@ -30,7 +30,7 @@ def _run(caplog, dataset, every_secs, tick, num_epochs=2):
   global_step = v1.train.get_or_create_global_step()
   train_op = tf.group(tf.reduce_sum(epoch_input.get_next()), v1.assign_add(global_step, 1))
   hook = EpochProgressHook(epoch_input, every_secs=every_secs, clock=_Clock(tick))
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO", logger="absl"):  # absl sets its own level once flags parse
     _train([hook, epoch_input.hook], train_op)
   return [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress ")]
 
