@@ -4,7 +4,9 @@ It takes MonitoredTrainingSession's arguments (same names, order and, where epoc
 same defaults) plus the epoch-sync pieces, and returns the same `MonitoredSession`. Changing a
 job is the import plus `epoch_input=` (and the sync optimizer, if any). Differences from stock:
 
-  - workers re-check the chief's initialisation every `poll_secs` (0.5 s), not every 30 s;
+  - workers re-check the chief's initialisation every `poll_secs` (0.5 s), not every 30 s, and
+    every task waits for the ps tasks (and a worker for the chief) with a deadline, names a
+    dead one (hooks.liveness), and never silently re-creates a lost session;
   - no periodic checkpoints: the chief saves once per epoch, after every worker finished it;
     save_checkpoint_secs/steps > 0 (or a CheckpointSaverHook/StopAtStepHook) are refused;
   - max_wait_secs defaults to --epochsync_startup_timeout_secs, and its timeout names the chief;
@@ -27,7 +29,8 @@ from hooks.cluster import ClusterConfig
 from hooks.epoch_input import EpochInput
 from hooks.epoch_sync import epoch_sync_hooks
 from hooks.errors import ConfigError, raise_if_problems
-from hooks.session import FastWorkerSessionCreator
+from hooks import liveness as liveness_lib
+from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
 from hooks.settings import EpochSyncSettings
 from hooks.tokens import SafeSyncTokensHook
 
@@ -73,7 +76,8 @@ def monitored_training_session(
   Args:
     master ... save_graph_def: as tf.compat.v1.train.MonitoredTrainingSession, except:
       save_checkpoint_secs / save_checkpoint_steps: only None or <= 0 (the default: none);
-      max_wait_secs: a worker's wait for the chief; default settings.startup_timeout_secs;
+      max_wait_secs: a task's wait for the tasks it needs (a worker's for the chief's
+        initialisation, the chief's for the ps tasks); default settings.startup_timeout_secs;
       config: a ConfigProto without device_filters gets `cluster.device_filters`; None:
         `cluster.session_config()`.
       The chief's checkpoint_dir also gets the epoch audit and, in `<summary_dir>/epochsync`,
@@ -135,6 +139,7 @@ def monitored_training_session(
                                  listeners=listeners, sync_hook=sync_hook,
                                  summary_dir=summary_dir, save_graph_def=save_graph_def)
   driver = epoch_hooks.pop()  # epoch_input.hook: runs last, after every other after_run
+  monitor = liveness_lib.monitor_for(cluster)  # the same monitor as the epoch hooks' 
   all_hooks = epoch_hooks
   if cluster.is_chief:
     all_hooks += chief_only_hooks
@@ -146,13 +151,14 @@ def monitored_training_session(
       all_hooks.append(_v1.train.SummarySaverHook(
           scaffold=scaffold, save_steps=save_summaries_steps, save_secs=save_summaries_secs,
           output_dir=summary_dir))
-    creator = _v1.train.ChiefSessionCreator(scaffold=scaffold, master=master,
-                                            config=session_config,
-                                            checkpoint_dir=checkpoint_dir)
+    creator = EpochSyncChiefSessionCreator(
+        scaffold=scaffold, master=master, config=session_config, checkpoint_dir=checkpoint_dir,
+        liveness=monitor, startup_timeout_secs=max_wait_secs, task_name=cluster.task_name)
   else:
     creator = FastWorkerSessionCreator(
         scaffold=scaffold, master=master, config=session_config, max_wait_secs=max_wait_secs,
-        poll_secs=poll_secs, task_name=cluster.task_name, chief_name=cluster.worker_names[0])
+        poll_secs=poll_secs, task_name=cluster.task_name, chief_name=cluster.worker_names[0],
+        liveness=monitor)
   all_hooks += hooks + [driver]
   logging.info("%s: epoch-synchronous MonitoredTrainingSession, %d epochs, %d hooks: %s",
                cluster.task_name, settings.num_epochs, len(all_hooks),

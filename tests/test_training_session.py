@@ -23,7 +23,8 @@ from hooks.epoch_input import EpochInput
 from hooks.epoch_summaries import EpochSummaryHook, read_epoch_summaries
 from hooks.errors import ConfigError
 from hooks.progress import EpochProgressHook
-from hooks.session import FastWorkerSessionCreator
+from hooks import liveness
+from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
 from hooks.settings import EpochSyncSettings
 from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
 from hooks.tokens import SafeSyncTokensHook
@@ -173,8 +174,10 @@ class TestWiring:
                      type(session.hooks[-1])]
     assert session.hooks[6] is chief_only and session.hooks[9] is user
     assert session.hooks[-1].__class__.__name__ == "_EpochDriverHook"  # always last
-    assert isinstance(session.session_creator, v1.train.ChiefSessionCreator)
+    assert isinstance(session.session_creator, EpochSyncChiefSessionCreator)
     assert session.session_creator._checkpoint_dir == "/tmp/m"
+    assert session.session_creator._liveness is liveness.monitor_for(CHIEF)  # names dead tasks
+    assert session.session_creator._startup_timeout == 42
     assert session.stop_grace_period_secs == 120
 
   def test_worker_gets_no_chief_hooks_and_a_fast_creator(self, recorded):
@@ -189,6 +192,8 @@ class TestWiring:
     assert creator._max_wait == 42  # settings.startup_timeout_secs
     assert creator._chief_name == "chief:0" and creator._task_name == "worker:1"
     assert list(creator._config.device_filters) == ["/job:ps", "/job:worker/task:1"]
+    assert creator._liveness is liveness.monitor_for(WORKER)
+    assert sorted(creator._needed) == ["chief:0", "ps:0"]
 
   def test_the_sync_hook_is_made_from_the_settings(self, recorded):
     session = _session(sync_optimizer=_opt(CHIEF))
