@@ -7,7 +7,8 @@ writes when it initialised the model (Scaffold init_fn). A worker that asks befo
 initialised waits for its next readiness check: every 0.5 s here (`--worker_poll_secs`), every
 30 s with TensorFlow's own MonitoredTrainingSession (`--poll_secs=0.5,30` measures both).
 Whether a worker asks early depends on who builds its graph first; `--chief_delay_secs=3`
-makes every worker ask early (the chief starts 3 s late), the case the poll interval matters.
+makes every worker ask early (the chief initialises 3 s late), the case the poll interval
+matters.
 
 Typical usage:
   python -m bench.startup                                  # 3 runs, poll 0.5 s
@@ -31,14 +32,15 @@ _WORKERS = flags.DEFINE_integer("workers", 6, "Training tasks (a chief job + wor
                                 lower_bound=2)
 _PS = flags.DEFINE_integer("num_ps", 2, "ps tasks.", lower_bound=1)
 _POLL = flags.DEFINE_list("poll_secs", ["0.5"], "Worker readiness-check intervals to measure.")
-_DELAY = flags.DEFINE_float("chief_delay_secs", 0.0, "The chief starts this late (0: all at once).")
+_DELAY = flags.DEFINE_float("chief_delay_secs", 0.0,
+                            "The chief initialises this late (0: when it is ready).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write all results as JSON here.")
 
 
 def _one_run(poll_secs: float) -> dict:
   out = tempfile.mkdtemp(prefix="epochsync-bench-startup-")
   command = [sys.executable, "-m", "bench.startup_task", f"--model_dir={out}",
-             f"--chief_start_delay_secs={_DELAY.value}",
+             f"--chief_init_delay_secs={_DELAY.value}",
              "--shard_batches=" + ",".join(["3"] * _WORKERS.value),
              "--epochsync_num_epochs=1", f"--worker_poll_secs={poll_secs}",
              "--epochsync_startup_timeout_secs=120", "--epochsync_barrier_timeout_secs=120"]

@@ -1,26 +1,33 @@
-"""bench/startup.py's task: examples.train, with the chief optionally starting late.
+"""bench/startup.py's task: examples.train, with the chief optionally initialising late.
 
-  --chief_start_delay_secs=3   the chief builds its graph 3 s late, so every worker asks
-                               for the model before the chief initialised it (the worst case
-                               for a worker's readiness poll)
+  --chief_init_delay_secs=3   the chief creates its session 3 s late (its server and graph are
+                              up, a hook's begin() sleeps), so every worker asks for the model
+                              before the chief initialised it: the case the readiness poll
+                              interval matters
 """
 
 import time
 
 from absl import app
 from absl import flags
+import tensorflow as tf
 
 from examples import train
-from hooks import flags as epochsync_flags
 
-_CHIEF_DELAY = flags.DEFINE_float("chief_start_delay_secs", 0.0, "The chief starts this late.")
+_CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
+                                  "The chief initialises the model this late.")
+
+
+class _DelayBegin(tf.compat.v1.train.SessionRunHook):
+
+  def begin(self):
+    time.sleep(_CHIEF_DELAY.value)
 
 
 def main(argv):
   del argv
-  if _CHIEF_DELAY.value > 0 and epochsync_flags.cluster_from_flags().is_chief:
-    time.sleep(_CHIEF_DELAY.value)
-  train.train()
+  train.train(lambda config, epoch_input: [_DelayBegin()] if (
+      config.is_chief and _CHIEF_DELAY.value > 0) else [])
 
 
 if __name__ == "__main__":

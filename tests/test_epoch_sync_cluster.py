@@ -215,11 +215,11 @@ def test_restart_after_kill_in_epoch_2_trains_only_epochs_2_and_3(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_workers_start_within_a_second_or_two_of_the_chiefs_initialisation(tmp_path):
-  """The chief initialises 3 s late, so every worker asks first; each then waits for its next
-  readiness check: 0.5 s with the drop-in, 30 s with TensorFlow's MonitoredTrainingSession."""
+  """The chief initialises 3 s late (its server up), so every worker asks first; each then waits
+  for its next readiness check: 0.5 s with the drop-in, 30 s with TensorFlow's own."""
   model_dir = str(tmp_path / "model")
   command = TASK + [f"--model_dir={model_dir}", "--shard_batches=2,2,2",
-                    "--epochsync_num_epochs=1", "--chief_start_delay_secs=3"] + FAST_TIMEOUTS
+                    "--epochsync_num_epochs=1", "--chief_init_delay_secs=3"] + FAST_TIMEOUTS
   with LocalCluster(num_workers=3, has_chief=True, timeout_secs=90,
                     log_dir=str(tmp_path / "logs")) as cluster:
     cluster.start(command)

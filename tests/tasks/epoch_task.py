@@ -2,7 +2,8 @@
 
   --step_sleep_secs=0.2             every step sleeps (so a test can kill mid-epoch)
   --stall_worker=2 --stall_epoch=1  worker id 2 never reaches the barrier of epoch 1
-  --chief_start_delay_secs=3        the chief starts building its graph 3 s late
+  --chief_init_delay_secs=3         the chief creates its session (initialises) 3 s late, its
+                                    server already up: every worker asks for the model first
 """
 
 import faulthandler
@@ -14,13 +15,13 @@ from absl import flags
 import tensorflow as tf
 
 from examples import train
-from hooks import flags as epochsync_flags
 from hooks.epoch_input import EpochListener
 
 _STEP_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.0, "Sleep after every step.")
 _STALL_WORKER = flags.DEFINE_integer("stall_worker", -1, "Worker id that stalls.")
 _STALL_EPOCH = flags.DEFINE_integer("stall_epoch", 0, "Epoch at whose end it stalls.")
-_CHIEF_DELAY = flags.DEFINE_float("chief_start_delay_secs", 0.0, "The chief starts this late.")
+_CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
+                                   "The chief initialises the model this late.")
 
 
 class _SlowSteps(tf.compat.v1.train.SessionRunHook):
@@ -38,8 +39,17 @@ class _Stall(EpochListener):
       time.sleep(10_000)
 
 
+class _DelayBegin(tf.compat.v1.train.SessionRunHook):
+  """Sleeps in begin(): after the graph and the server exist, before the session is created."""
+
+  def begin(self):
+    time.sleep(_CHIEF_DELAY.value)
+
+
 def _extra_hooks(config, epoch_input):
   hooks = [_SlowSteps()] if _STEP_SLEEP.value > 0 else []
+  if config.is_chief and _CHIEF_DELAY.value > 0:
+    hooks.append(_DelayBegin())
   if config.worker_id == _STALL_WORKER.value:
     epoch_input.add_listener(_Stall())
   return hooks
@@ -48,8 +58,6 @@ def _extra_hooks(config, epoch_input):
 def main(argv):
   del argv
   faulthandler.register(signal.SIGTERM, chain=True)  # a task killed at a deadline shows where
-  if _CHIEF_DELAY.value > 0 and epochsync_flags.cluster_from_flags().is_chief:
-    time.sleep(_CHIEF_DELAY.value)
   train.train(_extra_hooks)
 
 
