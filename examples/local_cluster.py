@@ -2,7 +2,10 @@
 
 Every worker trains exactly one pass over its shard per epoch (shards 9/5/0 batches by
 default: uneven, one empty), all wait at the epoch barrier, the chief saves one
-checkpoint per epoch, and the job ends by itself after the last epoch. With
+checkpoint per epoch, and the job ends by itself after the last epoch. While it trains,
+each worker's progress lines (one per epoch, and one at most every --progress_secs within
+a long epoch) and the chief's per-epoch line are echoed; at the end a table epoch x worker
+(examples, seconds, barrier wait) and where the audit and the TensorBoard logs are. With
 --api=estimator the same runs as an Estimator job (examples/estimator_train.py): a chief,
 workers, 2 ps and an evaluator that evaluates every epoch.
 
@@ -20,7 +23,8 @@ import tempfile
 from absl import app
 from absl import flags
 
-from hooks.audit import read_audit
+from examples.demo_report import epoch_table, progress_printer
+from hooks.audit import AUDIT_FILENAME, read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 _API = flags.DEFINE_enum("api", "mts", ["mts", "estimator"], "mts: examples/train.py with "
@@ -34,6 +38,8 @@ _NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Epochs to train.", lower_bo
 _SHARDS = flags.DEFINE_list("shard_batches", ["9", "5", "0"], "Batches per worker's shard.")
 _TIMEOUT = flags.DEFINE_float("timeout_secs", 300, "Hard deadline for the whole job.")
 _STREAM = flags.DEFINE_boolean("stream_logs", False, "Echo every task's log, prefixed.")
+_PROGRESS_SECS = flags.DEFINE_float("progress_secs", 10, "A worker's progress line within a "
+                                    "long epoch at most this often.", lower_bound=0.1)
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, audit, summaries and logs "
                                  "(default: a new temporary directory).")
 
@@ -66,26 +72,33 @@ def main(argv):
   else:
     command = [sys.executable, "-m", "examples.train", "--model_dir=" + model_dir,
                "--shard_batches=" + ",".join(_SHARDS.value),
-               f"--epochsync_num_epochs={_NUM_EPOCHS.value}"]
+               f"--epochsync_num_epochs={_NUM_EPOCHS.value}",
+               f"--epochsync_progress_secs={_PROGRESS_SECS.value}"]
     command += _demo_timeouts(argv[1:]) + argv[1:]
   num_ps = 2 if estimator and not flags.FLAGS["num_ps"].present else _NUM_PS.value
   cluster = LocalCluster(num_workers=_NUM_WORKERS.value, num_ps=num_ps,
                          has_chief=estimator, has_evaluator=estimator,
                          timeout_secs=_TIMEOUT.value, stream_logs=_STREAM.value,
-                         log_dir=os.path.join(model_dir, "logs"))
+                         log_dir=os.path.join(model_dir, "logs"),
+                         on_line=None if _STREAM.value else progress_printer())
+  print(f"cluster: {json.dumps(cluster.cluster)}", flush=True)
+  print("training (each worker's progress, and the chief after every epoch):", flush=True)
   with cluster:
     cluster.start(command)
     result = cluster.wait()
-  print(f"cluster: {json.dumps(cluster.cluster)}")
   print(f"job finished in {result.elapsed_secs:.1f} s; model_dir {model_dir}")
   for name, task in sorted(result.tasks.items()):
     print(f"  {name:<12} pid {task.pid:<7} exit {task.returncode}  log {task.log_path}")
-  print("per-epoch audit (written by the chief after every worker finished the epoch):")
-  for line in read_audit(model_dir):
-    workers = "  ".join(f"{w} {s['batches']}b/{s['examples']}ex"
-                        for w, s in line["workers"].items())
-    print(f"  epoch {line['epoch']}: {workers}  global_step {line['global_step']}  "
-          f"checkpoint {os.path.basename(str(line.get('checkpoint')))}")
+  audit = read_audit(model_dir)
+  print("per epoch and worker (from the chief's audit): examples, seconds of its epoch, "
+        "seconds it waited at the barrier")
+  for row in epoch_table(audit):
+    print("  " + row)
+  for line in audit:
+    print(f"  epoch {line['epoch']} checkpoint {line.get('checkpoint')}")
+  print(f"audit:       {os.path.join(model_dir, AUDIT_FILENAME)}")
+  print(f"TensorBoard: tensorboard --logdir {model_dir}   (per-epoch scalars: run 'epochsync'; "
+        "loss and global_step/sec: the top run)")
   if estimator:
     _print_evaluations(model_dir)
   result.check()

@@ -1,9 +1,12 @@
-"""One task of the example job: a linear model trained for N epochs on this worker's shard.
+"""One task of the example job: a linear (or embedding) model trained for N epochs on this worker's shard.
 
 The launcher (`python -m examples.local_cluster`) starts one process per task with its
-TF_CONFIG; ps tasks run hooks.testing.ps_task, every training task runs this module. It
-is also what a user's job looks like with tf-epochsync switched on: the usual graph and
-loop plus `EpochInput`, `epoch_sync_hooks` and the `--epochsync_*` flags.
+TF_CONFIG; every task may run this module: a ps task serves, the evaluator evaluates each
+epoch checkpoint, the chief and the workers train. It is also what a user's job looks like
+with tf-epochsync switched on: the usual graph and loop, `EpochInput` for the input, and
+`hooks.monitored_training_session` where `tf.compat.v1.train.MonitoredTrainingSession` was.
+The embedding model also counts its feature ids in the first epoch only (`feature_counts`,
+e.g. for frequency-based admission), through `epoch_input.epoch_tensor`.
 
 Typical usage (by hand, one task):
   TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 1}}' \
@@ -13,8 +16,9 @@ Typical usage (by hand, one task):
 
 import json
 import os
+import re
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from absl import app
 from absl import flags
@@ -24,10 +28,10 @@ import tensorflow as tf
 
 from hooks import cluster as cluster_lib
 from hooks import flags as epochsync_flags
-from hooks import session as session_lib
 from hooks.epoch_input import EpochInput
-from hooks.epoch_sync import epoch_sync_hooks
+from hooks.errors import SyncTimeoutError
 from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.training_session import monitored_training_session
 
 _SHARD_BATCHES = flags.DEFINE_list(
     "shard_batches", ["9", "5", "0"], "Batches in each training worker's shard, by worker id.")
@@ -38,8 +42,16 @@ _MODEL = flags.DEFINE_enum("model", "linear", ["linear", "embedding"],
 _FEATURES = flags.DEFINE_integer("features", 16, "Input features (linear) or vocabulary size "
                                  "(embedding).", lower_bound=1)
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.05, "Plain SGD learning rate.")
-_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, the epoch audit and each "
-                                 "task's summary JSON.")
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, the epoch audit, TensorBoard "
+                                 "events and each task's summary JSON.")
+_SUMMARY_STEPS = flags.DEFINE_integer("summary_steps", 10, "The chief writes the loss summary "
+                                      "and global_step/sec every this many steps.",
+                                      lower_bound=1)
+_WORKER_POLL_SECS = flags.DEFINE_float("worker_poll_secs", 0.5, "How often a worker re-checks "
+                                       "whether the chief initialised the model (TensorFlow's "
+                                       "own MonitoredTrainingSession: 30).")
+_EVAL_BATCHES = flags.DEFINE_integer("eval_batches", 4, "Batches of the evaluator's data.",
+                                     lower_bound=1)
 
 _v1 = tf.compat.v1
 EMBEDDING_DIM = 4
@@ -69,6 +81,24 @@ def shard_dataset(model: str, worker_id: int, num_batches: int, batch_size: int,
   return tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(batch_size)
 
 
+def first_epoch_counts(ids, epoch_tensor, vocabulary: int):
+  """Counts every id in the first epoch only (`feature_counts` on a ps); returns `ids`.
+
+  The count runs in the same step as the batch that carries the ids, so it covers exactly
+  the first epoch's examples of every shard; a restart resumes after the last epoch
+  checkpoint, which holds the counts, and later epochs add nothing.
+  """
+  counts = _v1.get_variable("feature_counts", [vocabulary], tf.int64, _v1.zeros_initializer(),
+                            trainable=False, use_resource=False)
+
+  def _count():
+    with tf.control_dependencies([_v1.scatter_add(counts, ids, tf.ones_like(ids),
+                                                  use_locking=True)]):
+      return tf.identity(ids)
+
+  return tf.cond(tf.equal(epoch_tensor, 0), _count, lambda: tf.identity(ids))
+
+
 def model_loss(model: str, inputs, labels, features: int, num_ps: int):
   """Mean squared error of a linear model, or of an embedding table partitioned over the ps."""
   b = _v1.get_variable("b", [], initializer=_v1.zeros_initializer())
@@ -82,17 +112,35 @@ def model_loss(model: str, inputs, labels, features: int, num_ps: int):
   return tf.reduce_mean(tf.square(prediction - labels))
 
 
+class _StartupTimes(_v1.train.SessionRunHook):
+  """Records when the session was created and when this task's first step finished."""
+
+  def __init__(self, times: Dict[str, float]):
+    self._times = times
+
+  def after_create_session(self, session, coord):
+    self._times.setdefault("session_created_at", time.time())
+
+  def after_run(self, run_context, run_values):
+    self._times.setdefault("first_step_at", time.time())
+
+
 def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] = (
     lambda config, epoch_input: [])) -> Optional[dict]:
-  """Builds this task's graph and trains every epoch; returns the task's summary.
+  """Runs this task: trains every epoch (chief, worker), serves (ps) or evaluates (evaluator).
 
   `extra_hooks(config, epoch_input)` may add hooks (tests use it to inject faults).
+  Returns a training task's summary (also written to <model_dir>/summary-<task>.json).
   """
   _v1.disable_v2_behavior()
   config = epochsync_flags.cluster_from_flags()
   settings = epochsync_flags.settings_from_flags()
+  if config.is_evaluator:
+    return evaluate(config, settings)
   server = tf.distribute.Server(config.cluster_spec(), job_name=config.task_type,
                                 task_index=config.task_index, config=config.session_config())
+  if config.is_ps:
+    server.join()
   shard = [int(n) for n in _SHARD_BATCHES.value]
   num_batches = shard[config.worker_id % len(shard)]
   with _v1.device(_v1.train.replica_device_setter(
@@ -102,26 +150,28 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] =
                             _FEATURES.value)
     epoch_input = EpochInput(dataset, settings.num_epochs, config.task_name)
     x, y = epoch_input.get_next()
+    if _MODEL.value == "embedding":
+      x = first_epoch_counts(x, epoch_input.epoch_tensor, _FEATURES.value)
     loss = model_loss(_MODEL.value, x, y, _FEATURES.value, config.num_ps)
+    _v1.summary.scalar("loss", loss)
     optimizer = _v1.train.GradientDescentOptimizer(_LEARNING_RATE.value)
     if settings.sync:  # --epochsync_sync (default): one update per step from all active workers
       optimizer = WorkerDoneSyncReplicasOptimizer(
           optimizer, config.num_workers, config.worker_id, worker_names=config.worker_names,
           divide_by_initial_workers=settings.divide_by_initial_workers)
     train_op = optimizer.minimize(loss, global_step=global_step)
-  sync_hook = optimizer.make_session_run_hook(
-      config.is_chief, num_tokens=0, step_timeout_secs=settings.step_timeout_secs,
-      warn_after_secs=min(settings.warn_after_secs, settings.step_timeout_secs / 2),
-      log_every_secs=settings.log_every_secs) if settings.sync else None
   model_dir = _MODEL_DIR.value
-  hooks = epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir,
-                           sync_hook=sync_hook)
-  creator = session_lib.session_creator(
-      config, master=server.target, checkpoint_dir=model_dir,
-      startup_timeout_secs=settings.startup_timeout_secs)
+  times: Dict[str, float] = {}
+  scaffold = _v1.train.Scaffold(  # init_fn runs on the chief right after it initialised
+      init_fn=lambda scaffold, session: times.setdefault("initialised_at", time.time()))
   start, last_loss = time.monotonic(), float("nan")
-  with _v1.train.MonitoredSession(session_creator=creator,
-                                  hooks=extra_hooks(config, epoch_input) + hooks) as sess:
+  with monitored_training_session(
+      master=server.target, is_chief=config.is_chief, checkpoint_dir=model_dir,
+      scaffold=scaffold, hooks=[_StartupTimes(times)] + extra_hooks(config, epoch_input),
+      save_summaries_steps=_SUMMARY_STEPS.value, log_step_count_steps=_SUMMARY_STEPS.value,
+      epoch_input=epoch_input, settings=settings, cluster=config,
+      sync_optimizer=optimizer if settings.sync else None,
+      poll_secs=_WORKER_POLL_SECS.value) as sess:
     while not sess.should_stop():
       last_loss, _ = sess.run([loss, train_op])
   history = epoch_input.hook.history
@@ -130,10 +180,62 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] =
              "examples": [s.examples for s in history],
              "started_at": [s.started_at for s in history],
              "ended_at": [s.ended_at for s in history],
-             "loss": float(last_loss), "secs": round(time.monotonic() - start, 2)}
+             "loss": float(last_loss), "secs": round(time.monotonic() - start, 2), **times}
+  return _write_summary(config, summary)
+
+
+def evaluate(config: cluster_lib.ClusterConfig, settings) -> dict:
+  """The evaluator: the loss of every new epoch checkpoint on held-out data, until the last.
+
+  It reads `model_dir` only (no server: the evaluator is not part of the training cluster),
+  writes the loss to `<model_dir>/eval` for TensorBoard, and gives up (SyncTimeoutError) when
+  no new checkpoint came for --epochsync_startup_timeout_secs + --epochsync_barrier_timeout_secs.
+  """
+  model_dir, last_epoch = _MODEL_DIR.value, settings.num_epochs - 1
+  if not model_dir:
+    raise ValueError("the evaluator needs --model_dir (the storage the chief saves to)")
+  inputs, labels = shard_arrays(_MODEL.value, 10_000, _EVAL_BATCHES.value, _BATCH_SIZE.value,
+                                _FEATURES.value)  # held-out: a seed no worker uses
+  global_step = _v1.train.get_or_create_global_step()
+  loss = model_loss(_MODEL.value, tf.constant(inputs), tf.constant(labels), _FEATURES.value,
+                    config.num_ps)
+  saver = _v1.train.Saver()
+  writer = _v1.summary.FileWriter(os.path.join(model_dir, "eval"))
+  evaluated: List[dict] = []
+  wait = settings.startup_timeout_secs + settings.barrier_timeout_secs
+  with _v1.Session() as session:
+    for path in tf.train.checkpoints_iterator(model_dir, min_interval_secs=0.5, timeout=wait):
+      match = re.search(r"epoch(\d+)-(\d+)$", path)
+      if not match:
+        continue
+      saver.restore(session, path)
+      value, step = session.run([loss, global_step])
+      epoch = int(match.group(1))
+      writer.add_summary(_v1.Summary(value=[_v1.Summary.Value(tag="loss", simple_value=value)]),
+                         int(step))
+      writer.flush()
+      logging.info("%s: epoch %d checkpoint (global_step %d): loss %.5f", config.task_name,
+                   epoch, step, value)
+      evaluated.append({"epoch": epoch, "global_step": int(step), "loss": float(value),
+                        "checkpoint": path})
+      if epoch >= last_epoch:
+        break
+    else:
+      got = evaluated[-1]["epoch"] if evaluated else "none"
+      raise SyncTimeoutError(
+          f"{config.task_name} waited {wait:g} s for a new epoch checkpoint in {model_dir} "
+          f"(last evaluated epoch: {got}, last epoch: {last_epoch}); missing "
+          f"{config.worker_names[0]} (check its log, that model_dir is shared storage, or raise "
+          "--epochsync_barrier_timeout_secs)", [config.worker_names[0]])
+  writer.close()
+  return _write_summary(config, {"task": config.task_name, "evaluated": evaluated})
+
+
+def _write_summary(config: cluster_lib.ClusterConfig, summary: dict) -> dict:
   logging.info("summary %s", json.dumps(summary))
-  if model_dir:
-    path = os.path.join(model_dir, "summary-" + config.task_name.replace(":", "-") + ".json")
+  if _MODEL_DIR.value:
+    path = os.path.join(_MODEL_DIR.value,
+                        "summary-" + config.task_name.replace(":", "-") + ".json")
     with open(path, "w") as f:
       json.dump(summary, f)
   return summary

@@ -5,8 +5,9 @@ Typical usage:
   epoch_input = hooks.EpochInput(shard_dataset, num_epochs=3, task_name=config.task_name)
   opt = hooks.WorkerDoneSyncReplicasOptimizer(sgd, config.num_workers, config.worker_id)
   train_op = opt.minimize(build_loss(*epoch_input.get_next()), global_step=global_step)
-  all_hooks = hooks.epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir,
-                                     sync_hook=opt.make_session_run_hook(config.is_chief))
+  with hooks.monitored_training_session(master=server.target, is_chief=config.is_chief,
+      checkpoint_dir=model_dir, epoch_input=epoch_input, sync_optimizer=opt) as sess:
+    while not sess.should_stop(): sess.run(train_op)
 Names are imported lazily, so `import hooks` (and the local cluster launcher) does not
 import TensorFlow until a hook is used.
 """
@@ -26,6 +27,9 @@ _EXPORTS = {
     "SafeSyncTokensHook": "hooks.tokens",
     "epoch_sync_hooks": "hooks.epoch_sync",
     "session_creator": "hooks.session",
+    "monitored_training_session": "hooks.training_session",
+    "EpochSummaryHook": "hooks.epoch_summaries",
+    "EpochProgressHook": "hooks.progress",
     "read_audit": "hooks.audit",
     "errors": "hooks.errors",
 }

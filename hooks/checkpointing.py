@@ -49,6 +49,8 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
     saver: a `tf.compat.v1.train.Saver`; default: the Scaffold's saver (SAVERS collection).
     listeners: `CheckpointSaverListener`s called around each save.
     checkpoint_basename: `str`, file name stem.
+    save_graph_def: `bool`, as CheckpointSaverHook's: write `graph.pbtxt` and the graph for
+      TensorBoard once the session exists, and a `.meta` file with every checkpoint.
 
   Raises:
     ConfigError: if `barrier` is not the chief's or `checkpoint_dir` is empty.
@@ -57,7 +59,7 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
   def __init__(self, barrier: EpochBarrierHook, checkpoint_dir: str,
                saver: Optional[_v1.train.Saver] = None,
                listeners: Sequence[_v1.train.CheckpointSaverListener] = (),
-               checkpoint_basename: str = "model.ckpt"):
+               checkpoint_basename: str = "model.ckpt", save_graph_def: bool = True):
     if not checkpoint_dir:
       raise ConfigError("ChiefSaveAfterBarrierHook: checkpoint_dir is empty; pass the model_dir")
     if not barrier.is_chief:
@@ -65,6 +67,7 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
                         f"{barrier.task_name}'s; add it to chief_only_hooks")
     self._dir, self._basename = checkpoint_dir, checkpoint_basename
     self._saver, self._listeners = saver, list(listeners)
+    self._save_graph_def = bool(save_graph_def)
     self.saved: Dict[int, str] = {}
     barrier.add_chief_action(self._save)
 
@@ -75,6 +78,18 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
                          "tf.compat.v1.train.get_or_create_global_step() when building the model")
     for listener in self._listeners:
       listener.begin()
+
+  def after_create_session(self, session, coord):
+    if not self._save_graph_def:
+      return
+    # As CheckpointSaverHook: after every hook's begin(), when the graph is final.
+    graph = _v1.get_default_graph()
+    graph_def = graph.as_graph_def(add_shapes=True)
+    tf.io.write_graph(graph_def, self._dir, "graph.pbtxt")
+    writer = _v1.summary.FileWriterCache.get(self._dir)
+    writer.add_graph(graph)
+    writer.add_meta_graph(_v1.train.export_meta_graph(graph_def=graph_def,
+                                                      saver_def=self._get_saver().saver_def))
 
   def _get_saver(self) -> _v1.train.Saver:
     if self._saver is None:
@@ -92,7 +107,7 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
     tf.io.gfile.makedirs(self._dir)
     path = self._get_saver().save(session, epoch_checkpoint_prefix(self._dir, epoch,
                                                                     self._basename),
-                                  global_step=step)
+                                  global_step=step, write_meta_graph=self._save_graph_def)
     saved_at = time.time()
     logging.info("chief saved epoch %d (global_step %d, %d workers done) to %s in %.2f s",
                  epoch, step, len(arrivals), path, time.monotonic() - start)

@@ -98,6 +98,8 @@ def _task_problems(jobs: Optional[Mapping[str, Tuple[str, ...]]], task_type: Any
   if jobs is None:
     return []
   n = len(jobs.get(canon) or (jobs.get(_MASTER, ()) if canon == _CHIEF else ()))
+  if canon == _EVALUATOR and n == 0 and task_index == 0:
+    return []  # Kubeflow and Estimator leave the evaluator out of its own cluster: allowed.
   if task_index >= n:
     return [f"{w['index']}={task_index} is out of range: job {canon!r} has {n} task(s) in "
             f"{w['cluster']}; use an index below {n} or add addresses to {w['job'].format(canon)}"]
@@ -110,7 +112,8 @@ class ClusterConfig:
 
   Build it with `resolve()` (TF_CONFIG first, then the classic flags), `from_tf_config` or
   `from_flags`. A "master" job or task type is renamed "chief". The chief is the chief task if a
-  chief job exists, else worker:0. The evaluator is not part of `cluster_spec()`. Usage:
+  chief job exists, else worker:0. The evaluator is not part of `cluster_spec()`; an evaluator
+  task may be missing from the cluster itself (Kubeflow's TF_CONFIG leaves it out). Usage:
 
       config = ClusterConfig.from_tf_config()  # reads os.environ["TF_CONFIG"]
       server = tf.distribute.Server(config.cluster_spec(), config.task_type, config.task_index)
@@ -221,10 +224,13 @@ class ClusterConfig:
   num_ps = property(lambda self: len(self.cluster[_PS]), doc="Number of ps tasks.")
   ps_names = property(lambda self: tuple(f"{_PS}:{i}" for i in range(self.num_ps)),
                       doc='("ps:0", ..., "ps:N-1").')
-  evaluator_name = property(lambda self: f"{_EVALUATOR}:0" if _EVALUATOR in self.cluster else None,
-                            doc='"evaluator:0" if the cluster has an evaluator, else None.')
-  target = property(lambda self: "grpc://" + self.cluster[self.task_type][self.task_index],
-                    doc='"grpc://host:port" of this task.')
+  evaluator_name = property(
+      lambda self: f"{_EVALUATOR}:0" if _EVALUATOR in self.cluster or self.is_evaluator else None,
+      doc='"evaluator:0" if the cluster has an evaluator (or this task is it), else None.')
+  target = property(
+      lambda self: ("grpc://" + self.cluster[self.task_type][self.task_index]
+                    if self.task_type in self.cluster else ""),
+      doc='"grpc://host:port" of this task; "" for an evaluator outside the cluster (local).')
   job_device = property(lambda self: f"/job:{self.task_type}/task:{self.task_index}",
                         doc='This task\'s device prefix, e.g. "/job:worker/task:1".')
 

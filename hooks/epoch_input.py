@@ -10,6 +10,7 @@ stops the session after `num_epochs`, all within one session.
 Typical usage:
   epoch_input = EpochInput(shard_dataset, num_epochs=3, task_name="worker:1")
   features, labels = epoch_input.get_next()
+  first = tf.equal(epoch_input.epoch_tensor, 0)  # e.g. count feature frequencies only then
   train_op = build_model(features, labels)
   with tf.compat.v1.train.MonitoredSession(..., hooks=[..., epoch_input.hook]) as sess:
     while not sess.should_stop(): sess.run(train_op)
@@ -72,6 +73,7 @@ class EpochInput:
 
     epoch_input = EpochInput(dataset, num_epochs=3, task_name=config.task_name)
     features, labels = epoch_input.get_next()
+    in_first_epoch = tf.equal(epoch_input.epoch_tensor, 0)   # int64 scalar: this epoch
     hooks = [EpochBarrierHook(epoch_input, ...), epoch_input.hook]
 
   Args:
@@ -98,6 +100,7 @@ class EpochInput:
     self._spec = dataset.element_spec
     flat_spec = tf.nest.flatten(self._spec)
     with tf.name_scope("epochsync_input"):
+      self._cardinality = dataset.cardinality()
       self._iterator = _v1.data.make_initializable_iterator(dataset)
       self._buffer = _v1.FIFOQueue(2, [s.dtype for s in flat_spec], name="buffer")
       self._preload = self._refill()
@@ -111,6 +114,16 @@ class EpochInput:
         out.set_shape(spec.shape)
       self._next = tf.nest.pack_sequence_as(self._spec, outputs)
       self._dequeue_op = taken[0].op
+      # This worker's epoch, set by the hook before each epoch's first step. A local variable
+      # on this worker (colocated with a worker op: replica_device_setter would put a variable
+      # on a ps task, shared by every worker).
+      anchor = tf.no_op(name="epoch_anchor")
+      with _v1.get_default_graph().colocate_with(anchor):
+        epoch = _v1.Variable(0, trainable=False, dtype=tf.int64, name="epoch",
+                             collections=[_v1.GraphKeys.LOCAL_VARIABLES])
+        self._epoch_value = _v1.placeholder(tf.int64, [], "epoch_value")
+        self._set_epoch = epoch.assign(self._epoch_value)
+        self._epoch_tensor = tf.identity(epoch, name="current_epoch")
     self._listeners: List[EpochListener] = []
     self.hook = _EpochDriverHook(self)
 
@@ -132,6 +145,21 @@ class EpochInput:
   def get_next(self) -> Any:
     """The current batch, with the dataset's structure; consuming it advances the epoch."""
     return self._next
+
+  @property
+  def batches_per_epoch_tensor(self) -> tf.Tensor:
+    """The dataset's cardinality (int64): batches per epoch, or -2 unknown, -1 infinite."""
+    return self._cardinality
+
+  @property
+  def epoch_tensor(self) -> tf.Tensor:
+    """This worker's current epoch (0-based) as an int64 scalar, for tf.cond / tf.where.
+
+    It holds the epoch of the batch `get_next()` returns in the same step, also after a
+    restart (it starts at the first epoch not yet saved). E.g. count feature frequencies in
+    the first epoch only: `tf.cond(tf.equal(epoch_input.epoch_tensor, 0), count, no_count)`.
+    """
+    return self._epoch_tensor
 
   def add_listener(self, listener: EpochListener) -> None:
     """Registers a hook to be called at session start and at every epoch boundary."""
@@ -160,10 +188,25 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
   def epoch(self) -> int:
     return self._epoch
 
+  @property
+  def batches(self) -> int:
+    """Batches this worker trained so far in the current epoch."""
+    return self._batches
+
+  @property
+  def examples(self) -> int:
+    """Examples this worker trained so far in the current epoch."""
+    return self._examples
+
+  @property
+  def epoch_started_at(self) -> float:
+    """time.time() when the current epoch started on this worker."""
+    return self._started_at
+
   def begin(self):
     self._graph = _v1.get_default_graph()
-    self._start_ops = [self._input._iterator.initializer] + _v1.get_collection(
-        graph_keys.EPOCH_START_OPS)
+    self._start_ops = [self._input._iterator.initializer, self._input._set_epoch] + (
+        _v1.get_collection(graph_keys.EPOCH_START_OPS))
 
   def after_create_session(self, session, coord):
     listeners = self._input.listeners
@@ -184,7 +227,8 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
       self._started_at = time.time()
       self._batches = self._examples = 0
       self._pending_sizes.clear()
-      session.run(self._start_ops)  # fresh iterator + e.g. the sync optimizer's local step
+      # Fresh iterator, the epoch tensor, and e.g. the sync optimizer's local step.
+      session.run(self._start_ops, {self._input._epoch_value: self._epoch})
       for listener in self._input.listeners:
         listener.epoch_started(session, self._epoch)
       has_value, size = session.run(self._input._preload)

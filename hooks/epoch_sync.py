@@ -20,6 +20,8 @@ from hooks.checkpointing import ChiefSaveAfterBarrierHook
 from hooks.cluster import ClusterConfig
 from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput
+from hooks.epoch_summaries import EpochSummaryHook
+from hooks.progress import EpochProgressHook
 from hooks.run_start import RunStartHook
 from hooks.settings import EpochSyncSettings
 
@@ -30,11 +32,13 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
                      settings: Optional[EpochSyncSettings] = None,
                      model_dir: Optional[str] = None,
                      listeners: Sequence[tf.compat.v1.train.CheckpointSaverListener] = (),
-                     sync_hook: Optional[tf.compat.v1.train.SessionRunHook] = None
+                     sync_hook: Optional[tf.compat.v1.train.SessionRunHook] = None,
+                     summary_dir: Optional[str] = None, save_graph_def: bool = True
                      ) -> List[tf.compat.v1.train.SessionRunHook]:
   """The hooks of one training task, in the order they must run.
 
-  The chief also gets the per-epoch save (when `model_dir` is set) and writes the audit.
+  The chief also gets the per-epoch save and the per-epoch TensorBoard scalars (when
+  `model_dir` is set) and writes the audit; every task logs its progress (`EpochProgressHook`).
   The barrier and `sync_hook` probe the tasks they wait for (`hooks.liveness`), so a dead
   task ends every wait within seconds with TaskDiedError, whatever the timeouts.
   A RunStartHook goes first (the chief cleans what an earlier run left on the ps tasks, the
@@ -48,6 +52,9 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     model_dir: `str`, checkpoints and the audit; None: neither.
     listeners: `CheckpointSaverListener`s called around each epoch checkpoint.
     sync_hook: the synchronous optimizer's session hook, if one is used.
+    summary_dir: `str`, where the chief's per-epoch scalars go (in `epochsync/`); default
+      model_dir.
+    save_graph_def: `bool`, the chief writes graph.pbtxt and a .meta file per checkpoint.
 
   Raises:
     ConfigError: if the config is not a training task's or a hook rejects its arguments.
@@ -70,5 +77,9 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   hooks: List[tf.compat.v1.train.SessionRunHook] = [start] + ([sync_hook] if sync_hook else [])
   hooks += [done, barrier]
   if config.is_chief and model_dir:
-    hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners))
+    hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
+                                           save_graph_def=save_graph_def))
+  if config.is_chief and (summary_dir or model_dir):  # After the save: it reports its step.
+    hooks.append(EpochSummaryHook(barrier, summary_dir or model_dir))
+  hooks.append(EpochProgressHook(epoch_input, every_secs=settings.progress_secs))
   return hooks + [epoch_input.hook]

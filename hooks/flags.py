@@ -1,19 +1,27 @@
 """Defines the --epochsync_* and cluster flags with their validators, and converts them to configs.
 
+Every --epochsync_x flag can also be set by the environment variable EPOCHSYNC_X: a flag given on
+the command line wins over the variable, the variable over the default. The variables are read by
+`settings_from_flags()` and `cluster_from_flags()` (or `apply_env()`), which also work when the
+flags were never parsed (a job that does not use absl): then only the variables count.
+
 Typical usage:
   from hooks import flags as epochsync_flags
   def main(argv):
     cluster = epochsync_flags.cluster_from_flags()   # TF_CONFIG first, then --job_name etc.
-    settings = epochsync_flags.settings_from_flags()
+    settings = epochsync_flags.settings_from_flags()  # flags, then EPOCHSYNC_* variables
   app.run(main)
 """
 
 import math
+import os
+from typing import Dict, Mapping, Optional
 
 from absl import flags
 
 from hooks import cluster as _cluster
 from hooks import settings as _settings
+from hooks.errors import ConfigError, raise_if_problems
 
 __all__ = [
     "NUM_WORKERS",
@@ -23,14 +31,25 @@ __all__ = [
     "STEP_TIMEOUT_SECS",
     "WARN_AFTER_SECS",
     "LOG_EVERY_SECS",
+    "PROGRESS_SECS",
     "SYNC",
     "DIVIDE_BY_INITIAL_WORKERS",
+    "ENV_PREFIX",
+    "EPOCHSYNC_FLAGS",
+    "env_var",
+    "apply_env",
     "define_cluster_flags",
     "cluster_from_flags",
     "settings_from_flags",
 ]
 
+ENV_PREFIX = "EPOCHSYNC_"
+_FROM_ENV = "_epochsync_from_env"  # Attribute on a Flag: the variable its value came from.
+
 _DEFAULTS = _settings.EpochSyncSettings()
+
+
+_SECS_RULES: Dict[str, str] = {}  # For docs/flags.md: each seconds flag's rule ("> 0", ...).
 
 
 def _define_secs(name: str, default: float, help_text: str,
@@ -41,6 +60,7 @@ def _define_secs(name: str, default: float, help_text: str,
   flags.register_validator(
       name, lambda v: v is not None and math.isfinite(v) and v > 0 and v >= minimum,
       message=f"must be a finite number of seconds {rule}")
+  _SECS_RULES[name] = rule
   return holder
 
 
@@ -68,6 +88,10 @@ LOG_EVERY_SECS = _define_secs(
     "epochsync_log_every_secs", _DEFAULTS.log_every_secs,
     "Period of the INFO lines listing who is still missing during a wait; only the logging "
     "depends on it, never a deadline.", minimum=_settings.MIN_LOG_EVERY_SECS)
+PROGRESS_SECS = _define_secs(
+    "epochsync_progress_secs", _DEFAULTS.progress_secs,
+    "Period of a worker's progress line (batches done, examples/s) within a long epoch; every "
+    "epoch's end logs one line anyway.")
 SYNC = flags.DEFINE_bool(
     "epochsync_sync", _DEFAULTS.sync,
     "Aggregate gradients synchronously over the active workers (else train asynchronously).")
@@ -86,6 +110,14 @@ def _check_warn_before_timeout(values) -> bool:
   return True
 
 
+# Rules that involve two flags, for docs/flags.md (the validator above enforces it).
+_CROSS_RULES = {WARN_AFTER_SECS.name: f"< --{BARRIER_TIMEOUT_SECS.name}"}
+
+# Every --epochsync_* flag, in the order of docs/flags.md.
+EPOCHSYNC_FLAGS = (NUM_EPOCHS, NUM_WORKERS, SYNC, DIVIDE_BY_INITIAL_WORKERS, STARTUP_TIMEOUT_SECS,
+                   BARRIER_TIMEOUT_SECS, STEP_TIMEOUT_SECS, WARN_AFTER_SECS, LOG_EVERY_SECS,
+                   PROGRESS_SECS)
+
 # Each settings field and the flag that sets it.
 _SETTINGS_FLAGS = {
     "num_epochs": NUM_EPOCHS,
@@ -94,6 +126,7 @@ _SETTINGS_FLAGS = {
     "step_timeout_secs": STEP_TIMEOUT_SECS,
     "warn_after_secs": WARN_AFTER_SECS,
     "log_every_secs": LOG_EVERY_SECS,
+    "progress_secs": PROGRESS_SECS,
     "sync": SYNC,
     "divide_by_initial_workers": DIVIDE_BY_INITIAL_WORKERS,
 }
@@ -126,22 +159,102 @@ def define_cluster_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 define_cluster_flags()
 
 
-def cluster_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> _cluster.ClusterConfig:
+def env_var(flag_name: str) -> str:
+  """The environment variable of a flag: "epochsync_num_epochs" -> "EPOCHSYNC_NUM_EPOCHS"."""
+  return flag_name.upper()
+
+
+def apply_env(flag_values: flags.FlagValues = flags.FLAGS,
+              env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+  """Sets every --epochsync_* flag not given on the command line from its EPOCHSYNC_* variable.
+
+  Each value is parsed and checked by the flag's own parser and validators. Calling it again is
+  harmless (the variables are applied again); a flag set on the command line or assigned in code
+  is never overridden.
+
+  Args:
+    flag_values: `absl.flags.FlagValues` holding the flags, parsed or not.
+    env: `Mapping` of environment variables; default os.environ.
+
+  Returns:
+    {flag name: variable name} of the flags that took their value from the environment.
+
+  Raises:
+    ConfigError: naming every variable with a bad value, the value and the rule (the flags are
+      left as they were).
+  """
+  env = os.environ if env is None else env
+  applied, previous, problems = {}, {}, []
+  for holder in EPOCHSYNC_FLAGS:
+    name, var = holder.name, env_var(holder.name)
+    if name not in flag_values:
+      continue
+    flag = flag_values[name]
+    if flag.present or not flag.using_default_value:
+      continue  # The command line (or code) wins over the environment.
+    if var not in env:
+      if getattr(flag, _FROM_ENV, None):  # Applied earlier from a variable that is now gone.
+        flag.value = flag.default
+        setattr(flag, _FROM_ENV, None)
+      continue
+    text = env[var]
+    try:
+      value = flag.parser.parse(text.strip())
+    except (ValueError, TypeError) as e:
+      why = ("is not a boolean: use true/false (or 1/0)" if isinstance(flag, flags.BooleanFlag)
+             else f"is invalid: {e}")
+      problems.append(f"{var}={text!r} {why} (it sets --{name}; fix or unset the variable)")
+      continue
+    previous[name], flag.value, applied[name] = flag.value, value, var
+    setattr(flag, _FROM_ENV, var)
+  validators = {id(v): v for name in applied for v in flag_values[name].validators}
+  for validator in sorted(validators.values(), key=lambda v: v.insertion_index):
+    try:
+      validator.verify(flag_values)
+    except flags.ValidationError as e:
+      from_env = [f"{applied[n]}={env[applied[n]]!r}" for n in validator.get_flags_names()
+                  if n in applied]
+      problems.append(f"{', '.join(from_env)}: {e} (set from the environment; fix or unset "
+                      "the variable)")
+  if problems:
+    for name, value in previous.items():
+      flag_values[name].value = value
+      setattr(flag_values[name], _FROM_ENV, None)
+    raise_if_problems(problems, "EPOCHSYNC_* environment variables")
+  return applied
+
+
+def cluster_from_flags(flag_values: flags.FlagValues = flags.FLAGS,
+                       env: Optional[Mapping[str, str]] = None) -> _cluster.ClusterConfig:
   """This task's ClusterConfig: TF_CONFIG if set, else the cluster flags; see `cluster.resolve`.
 
-  Raises:
-    ConfigError: the cluster is invalid or disagrees with --epochsync_num_workers.
-  """
-  num_workers = (getattr(flag_values, NUM_WORKERS.name) if NUM_WORKERS.name in flag_values
-                 else None)
-  return _cluster.resolve(flag_values=flag_values, num_workers=num_workers)
-
-
-def settings_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> _settings.EpochSyncSettings:
-  """The parsed --epochsync_* flags as an EpochSyncSettings.
+  Works with unparsed flags too (a job that does not use absl): then only TF_CONFIG and
+  EPOCHSYNC_NUM_WORKERS count.
 
   Raises:
-    ConfigError: a value breaks a rule of EpochSyncSettings (possible if set after parsing).
+    ConfigError: the cluster is invalid, disagrees with --epochsync_num_workers, or neither
+      TF_CONFIG nor parsed cluster flags exist.
   """
+  env = os.environ if env is None else env
+  apply_env(flag_values, env)
+  num_workers = flag_values[NUM_WORKERS.name].value if NUM_WORKERS.name in flag_values else None
+  if not flag_values.is_parsed() and not (env.get("TF_CONFIG") or "").strip():
+    raise ConfigError("no cluster: TF_CONFIG is not set and the flags were not parsed, so "
+                      "--job_name/--ps_hosts/--worker_hosts cannot be read; export TF_CONFIG "
+                      "(Kubeflow TFJob format) or parse the flags (absl app.run) before this call")
+  return _cluster.resolve(env=env, flag_values=flag_values, num_workers=num_workers)
+
+
+def settings_from_flags(flag_values: flags.FlagValues = flags.FLAGS,
+                        env: Optional[Mapping[str, str]] = None) -> _settings.EpochSyncSettings:
+  """The --epochsync_* flags (over EPOCHSYNC_* variables, over defaults) as EpochSyncSettings.
+
+  Works with unparsed flags too: then the variables and the defaults count.
+
+  Raises:
+    ConfigError: a variable has a bad value (named), or a value breaks a rule of
+      EpochSyncSettings (possible if set after parsing).
+  """
+  apply_env(flag_values, env)
   return _settings.EpochSyncSettings(
-      **{field: getattr(flag_values, holder.name) for field, holder in _SETTINGS_FLAGS.items()})
+      **{field: flag_values[holder.name].value for field, holder in _SETTINGS_FLAGS.items()})

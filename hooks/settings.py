@@ -37,6 +37,7 @@ class EpochSyncSettings:
     step_timeout_secs: `float` deadline of one synchronous step, > 0.
     warn_after_secs: `float` a wait logs a WARNING after this long; > 0, < barrier_timeout_secs.
     log_every_secs: `float` period of the "still waiting" INFO lines, >= 0.001.
+    progress_secs: `float` period of a worker's progress line within a long epoch, > 0.
     sync: `bool` aggregate gradients synchronously.
     divide_by_initial_workers: `bool` average over the initial, not the active, worker count.
 
@@ -50,6 +51,7 @@ class EpochSyncSettings:
   step_timeout_secs: float = 600.0
   warn_after_secs: float = 60.0
   log_every_secs: float = 30.0
+  progress_secs: float = 10.0
   sync: bool = True
   divide_by_initial_workers: bool = False
 
@@ -72,6 +74,7 @@ class EpochSyncSettings:
               "the timeout")
     _validate("log_every_secs", lambda v: _positive_secs(v) and v >= MIN_LOG_EVERY_SECS,
               f"must be a finite number of seconds >= {MIN_LOG_EVERY_SECS}")
+    _validate("progress_secs", _positive_secs, secs)
     _validate("sync", is_bool, "must be True or False")
     _validate("divide_by_initial_workers", is_bool, "must be True or False")
     raise_if_problems(problems, "EpochSyncSettings")

@@ -69,8 +69,11 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
 
   Use it like tf.compat.v1.train.SyncReplicasOptimizer with between-graph replication, plus hooks
   that run graph_keys.EPOCH_START_OPS at each epoch start and DONE_OPS when a shard is exhausted.
+  Stock's constructor arguments work too (renaming the class is the whole change); the worker id
+  and names then come from TF_CONFIG or the cluster flags (`hooks.flags.cluster_from_flags`).
 
     opt = WorkerDoneSyncReplicasOptimizer(sgd, num_workers=3, worker_id=config.worker_id)
+    opt = WorkerDoneSyncReplicasOptimizer(sgd, replicas_to_aggregate=3, total_num_replicas=3)
     train_op = opt.minimize(loss, global_step=global_step)
     hook = opt.make_session_run_hook(config.is_chief, num_tokens=0, step_timeout_secs=600)
 
@@ -80,11 +83,14 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
 
   Args:
     opt: `tf.compat.v1.train.Optimizer` that applies the aggregated gradients.
-    num_workers: `int` training tasks (chief + workers), >= 1.
-    worker_id: `int` this task's index in [0, num_workers) (ClusterConfig.worker_id).
+    num_workers: `int` training tasks (chief + workers), >= 1; default: total_num_replicas, else
+      the cluster's (TF_CONFIG or flags).
+    worker_id: `int` this task's index in [0, num_workers) (ClusterConfig.worker_id); default:
+      the cluster's (TF_CONFIG or flags).
     divide_by_initial_workers: `bool` divide the summed gradients by num_workers instead of by
       the number of workers that contributed to the step.
-    worker_names: `Sequence[str]` task names for messages (default "worker:0"...).
+    worker_names: `Sequence[str]` task names for messages (default: the cluster's when worker_id
+      comes from it, else "worker:0"...).
     name: `str` prefix of the ops and of the shared queue / accumulator names; give every
       optimizer of one model its own.
     own_step_counter: `bool` number the steps with an own `<name>/sync_step` variable (on
@@ -92,25 +98,48 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
       global_step=None and leaves global_step alone; a global_step it is given is incremented once
       per synchronous step. For several optimizers in one train_op, or a model that increments
       global_step itself.
+    replicas_to_aggregate: `int` stock's argument; must equal total_num_replicas (no backup
+      workers: every active worker's gradient is in every step).
+    total_num_replicas: `int` stock's argument, the same as num_workers.
+    variable_averages, variables_to_average: stock's; not supported (must be None).
+    use_locking: `bool` stock's; passed to tf.compat.v1.train.Optimizer.
 
   Raises:
-    ConfigError: a bad argument (message names it, its value and the rule).
+    ConfigError: a bad argument (message names it, its value and the rule), or worker_id missing
+      and no cluster in TF_CONFIG or the flags.
   """
 
-  def __init__(self, opt: _v1.train.Optimizer, num_workers: int, worker_id: int,
-               divide_by_initial_workers: bool = False,
+  def __init__(self, opt: _v1.train.Optimizer, num_workers: Optional[int] = None,
+               worker_id: Optional[int] = None, divide_by_initial_workers: bool = False,
                worker_names: Optional[Sequence[str]] = None,
-               name: str = "worker_done_sync_replicas", own_step_counter: bool = False):
+               name: str = "worker_done_sync_replicas", own_step_counter: bool = False, *,
+               replicas_to_aggregate: Optional[int] = None,
+               total_num_replicas: Optional[int] = None, variable_averages: Any = None,
+               variables_to_average: Any = None, use_locking: bool = False):
     problems = []
     if not isinstance(opt, _v1.train.Optimizer):
       problems.append(f"opt={opt!r} is not a tf.compat.v1.train.Optimizer")
-    problems += worker_problems(num_workers, worker_id, worker_names)
+    num_workers, stock_problems = _from_stock_arguments(
+        num_workers, replicas_to_aggregate, total_num_replicas, variable_averages)
+    problems += stock_problems
+    if not stock_problems and (num_workers is None or worker_id is None):
+      num_workers, worker_id, worker_names, cluster_problems = _from_cluster(
+          num_workers, worker_id, worker_names)
+      problems += cluster_problems
+    if not stock_problems and num_workers is not None and worker_id is not None:
+      problems += worker_problems(num_workers, worker_id, worker_names)
+      if (isinstance(worker_id, int) and isinstance(num_workers, int) and
+          worker_id >= num_workers >= 1 and replicas_to_aggregate is None):
+        problems.append(f"(if ({num_workers}, {worker_id}) are stock SyncReplicasOptimizer's "
+                        "replicas_to_aggregate and total_num_replicas, pass them by keyword: "
+                        "the positional arguments here are num_workers, worker_id)")
     count = num_workers if isinstance(num_workers, int) and num_workers > 0 else 0
     names = tuple(worker_names or [f"worker:{i}" for i in range(count)])
     if problems:
       raise ConfigError("invalid WorkerDoneSyncReplicasOptimizer arguments:\n  - "
                         + "\n  - ".join(problems))
-    super().__init__(use_locking=False, name=name)
+    del variables_to_average  # Only meaningful with variable_averages, which is refused.
+    super().__init__(use_locking=bool(use_locking), name=name)
     self._opt, self._num_workers, self._worker_id = opt, num_workers, worker_id
     self._divide_by_initial = bool(divide_by_initial_workers)
     self._own_step_counter = bool(own_step_counter)
@@ -324,3 +353,65 @@ def _dedupe(grad: tf.IndexedSlices) -> tf.IndexedSlices:
   summed = tf.math.unsorted_segment_sum(grad.values, position, tf.size(unique))
   order = tf.argsort(unique)
   return tf.IndexedSlices(tf.gather(summed, order), tf.gather(unique, order), grad.dense_shape)
+
+
+def _from_stock_arguments(num_workers: Any, replicas_to_aggregate: Any, total_num_replicas: Any,
+                          variable_averages: Any) -> Tuple[Any, List[str]]:
+  """num_workers from stock SyncReplicasOptimizer's arguments, and what is wrong with them."""
+  problems = []
+  if variable_averages is not None:
+    problems.append("variable_averages is not supported: apply the ExponentialMovingAverage "
+                    "in your own train_op on the chief, or pass variable_averages=None")
+  if replicas_to_aggregate is None and total_num_replicas is None:
+    return num_workers, problems
+  total = total_num_replicas if total_num_replicas is not None else replicas_to_aggregate
+  replicas = replicas_to_aggregate if replicas_to_aggregate is not None else total
+  for arg, value in (("replicas_to_aggregate", replicas), ("total_num_replicas", total)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      problems.append(f"{arg}={value!r} must be an integer >= 1 (the number of chief + worker "
+                      "tasks)")
+  if problems:
+    return num_workers, problems
+  if replicas < total:
+    problems.append(
+        f"replicas_to_aggregate={replicas} < total_num_replicas={total} asks for backup workers: "
+        f"each step would drop the gradients of the slowest {total - replicas} worker(s), so "
+        "their examples would not be trained in that epoch and exactly-once epochs break; set "
+        f"replicas_to_aggregate={total} (a worker whose shard ran out is never waited for)")
+  elif replicas > total:
+    problems.append(
+        f"replicas_to_aggregate={replicas} > total_num_replicas={total}: here every active "
+        "worker sends exactly one gradient per step, never several; set "
+        f"replicas_to_aggregate={total}")
+  if num_workers is not None and num_workers != total:
+    problems.append(f"num_workers={num_workers!r} but total_num_replicas={total}: pass only one "
+                    "of them, or the same number")
+  return total, problems
+
+
+def _from_cluster(num_workers: Any, worker_id: Any, worker_names: Optional[Sequence[str]]
+                  ) -> Tuple[Any, Any, Optional[Sequence[str]], List[str]]:
+  """Fills num_workers, worker_id and worker_names from TF_CONFIG or the cluster flags."""
+  from hooks import flags as epochsync_flags  # pylint: disable=g-import-not-at-top; defines flags
+  missing = " and ".join(n for n, v in (("num_workers", num_workers), ("worker_id", worker_id))
+                         if v is None)
+  try:
+    config = epochsync_flags.cluster_from_flags()
+  except ConfigError as e:
+    return num_workers, worker_id, worker_names, [
+        f"{missing} not given and no cluster found to take it from ({e}); pass "
+        "worker_id=ClusterConfig.worker_id and num_workers=ClusterConfig.num_workers, or set "
+        "TF_CONFIG"]
+  if config.is_ps or config.is_evaluator:
+    return num_workers, worker_id, worker_names, [
+        f"{missing} not given and this task is {config.task_name}, not a chief or worker task; "
+        "build the sync optimizer only on training tasks"]
+  if num_workers is not None and num_workers != config.num_workers:
+    return num_workers, worker_id, worker_names, [
+        f"num_workers={num_workers} (or total_num_replicas) but {config.source} lists "
+        f"{config.num_workers} chief+worker tasks ({', '.join(config.worker_names)}); pass "
+        f"{config.num_workers} or fix {config.source}"]
+  if worker_id is None:
+    worker_id = config.worker_id
+    worker_names = worker_names or config.worker_names
+  return config.num_workers, worker_id, worker_names, []

@@ -119,6 +119,14 @@ class TestClusterConfig:
     with pytest.raises(ValueError, match="check is_ps / is_evaluator first"):
       _ = config.worker_id
 
+  def test_evaluator_left_out_of_its_own_cluster_as_kubeflow_does(self):
+    config = ClusterConfig.from_tf_config(tf_config(NO_CHIEF, "evaluator", 0))
+    assert config.is_evaluator and not config.is_chief and config.task_name == "evaluator:0"
+    assert config.target == "" and config.evaluator_name == "evaluator:0"
+    assert config.worker_names == ("worker:0", "worker:1")
+    with pytest.raises(ValueError, match="check is_ps / is_evaluator first"):
+      config.worker_id
+
   def test_evaluator_task(self):
     config = ClusterConfig(CLUSTER, "evaluator", 0)
     assert config.is_evaluator and not config.is_chief
@@ -208,7 +216,7 @@ BAD_TF_CONFIGS = [
     (tf_config(task_type="worker", task_index=3),
      r"\"index\"\]=3 is out of range: job 'worker' has 3 task\(s\) in TF_CONFIG\[\"cluster\"\]; "
      r"use an index below 3 or add addresses to TF_CONFIG\[\"cluster\"\]\[\"worker\"\]"),
-    (tf_config(NO_CHIEF, "evaluator", 0), r"job 'evaluator' has 0 task\(s\).*add addresses to"),
+    (tf_config(NO_CHIEF, "evaluator", 1), r"job 'evaluator' has 0 task\(s\).*add addresses to"),
     (tf_config(task_index=-1), r"\"index\"\]=-1 is negative; task indices start at 0"),
     (tf_config(task_index="1"), r"\"index\"\]='1' is not an integer; set it to the task's index"),
     (json.dumps({"cluster": NO_CHIEF, "task": {"type": "worker"}}),

@@ -356,3 +356,50 @@ class TestEpochIncomplete:
       with v1.train.MonitoredSession(hooks=[epoch_input.hook]) as sess:
         sess.run(train_op)
         raise KeyError("user error")
+
+
+class TestEpochTensor:
+  """epoch_input.epoch_tensor: the epoch of the batch trained in the same step."""
+
+  def _counting_model(self, num_epochs=3, start=None):
+    """EpochInput over SHARD and a counter of examples seen in the first epoch only."""
+    epoch_input, train_op, total, _ = _model(num_epochs=num_epochs)
+    first = v1.get_variable("first_epoch_examples", [], tf.int64, v1.zeros_initializer(),
+                            use_resource=False)
+    batch = epoch_input.get_next()
+    count = tf.cond(tf.equal(epoch_input.epoch_tensor, 0),
+                    lambda: v1.assign_add(first, tf.size(batch, out_type=tf.int64)),
+                    lambda: tf.identity(first))
+    log = []
+    epoch_input.add_listener(_Recorder("start", 5, log, start=start))
+    return epoch_input, tf.group(train_op, count), first
+
+  def test_is_an_int64_scalar_local_to_the_worker(self):
+    epoch_input, _, _ = self._counting_model()
+    assert epoch_input.epoch_tensor.dtype == tf.int64
+    assert epoch_input.epoch_tensor.shape.rank == 0
+    local = [v.op.name for v in v1.local_variables()]
+    assert "epochsync_input/epoch" in local
+    assert "epochsync_input/epoch" not in [v.op.name for v in v1.global_variables()]
+
+  def test_holds_the_epoch_of_each_step(self):
+    epoch_input, train_op, first = self._counting_model()
+    epochs, read = [], _ReadAtEnd(first)
+    with v1.train.MonitoredSession(v1.train.ChiefSessionCreator(),
+                                   hooks=[read, epoch_input.hook]) as sess:
+      while not sess.should_stop():
+        assert len(epochs) < 20
+        epochs.append(int(sess.run([epoch_input.epoch_tensor, train_op])[0]))
+    assert epochs == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # 3 batches per epoch
+    assert read.values == 10  # the first epoch's 10 examples, counted once
+
+  def test_starts_at_the_restored_epoch_after_a_restart(self):
+    epoch_input, train_op, first = self._counting_model(start=1)
+    epochs, read = [], _ReadAtEnd(first)
+    with v1.train.MonitoredSession(v1.train.ChiefSessionCreator(),
+                                   hooks=[read, epoch_input.hook]) as sess:
+      while not sess.should_stop():
+        assert len(epochs) < 20
+        epochs.append(int(sess.run([epoch_input.epoch_tensor, train_op])[0]))
+    assert epochs == [1, 1, 1, 2, 2, 2]
+    assert read.values == 0  # epoch 0 was trained before the restart: nothing to count

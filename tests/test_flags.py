@@ -1,6 +1,7 @@
 """Tests for hooks/flags.py: flag definitions, validators, and conversion to config objects."""
 
 import json
+import os
 
 from absl import flags
 from absl.testing import flagsaver
@@ -13,7 +14,7 @@ from hooks.errors import ConfigError
 FLAGS = flags.FLAGS
 SECS_FLAGS = ["epochsync_barrier_timeout_secs", "epochsync_startup_timeout_secs",
               "epochsync_step_timeout_secs", "epochsync_warn_after_secs",
-              "epochsync_log_every_secs"]
+              "epochsync_log_every_secs", "epochsync_progress_secs"]
 CLUSTER_FLAGS = ["job_name", "task_index", "ps_hosts", "worker_hosts", "chief_hosts",
                  "evaluator_hosts"]
 CLUSTER_ARGV = ["--job_name=worker", "--task_index=1", "--ps_hosts=p0:1,p1:1",
@@ -24,6 +25,9 @@ CLUSTER_ARGV = ["--job_name=worker", "--task_index=1", "--ps_hosts=p0:1,p1:1",
 def parse(monkeypatch):
   """Parses argv into absl's FLAGS; every flag value is restored afterwards."""
   monkeypatch.delenv("TF_CONFIG", raising=False)
+  for name in list(os.environ):
+    if name.startswith("EPOCHSYNC_"):
+      monkeypatch.delenv(name)
   was_parsed = FLAGS.is_parsed()
   with flagsaver.flagsaver():
     yield lambda *argv: FLAGS(["prog", *argv])
@@ -34,16 +38,18 @@ def parse(monkeypatch):
 def test_exports():
   assert set(flags_lib.__all__) == {
       "NUM_WORKERS", "NUM_EPOCHS", "BARRIER_TIMEOUT_SECS", "STARTUP_TIMEOUT_SECS",
-      "STEP_TIMEOUT_SECS", "WARN_AFTER_SECS", "LOG_EVERY_SECS", "SYNC",
+      "STEP_TIMEOUT_SECS", "WARN_AFTER_SECS", "LOG_EVERY_SECS", "PROGRESS_SECS", "SYNC",
       "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
-      "settings_from_flags"}
+      "settings_from_flags", "ENV_PREFIX", "EPOCHSYNC_FLAGS", "env_var", "apply_env"}
 
 
 class TestEpochSyncFlags:
 
   def test_names_and_defaults(self, parse):
     parse()
-    holders = [getattr(flags_lib, name) for name in flags_lib.__all__ if name.isupper()]
+    holders = [getattr(flags_lib, name) for name in flags_lib.__all__ if name.isupper() and
+               isinstance(getattr(flags_lib, name), flags.FlagHolder)]
+    assert len(holders) == len(flags_lib.EPOCHSYNC_FLAGS)
     assert all(h.name.startswith("epochsync_") for h in holders)
     assert flags_lib.NUM_WORKERS.value is None
     assert flags_lib.settings_from_flags() == EpochSyncSettings()
@@ -136,7 +142,129 @@ class TestClusterFlags:
     monkeypatch.delenv("TF_CONFIG", raising=False)
     flag_values = flags.FlagValues()
     flags_lib.define_cluster_flags(flag_values)
-    with pytest.raises(flags.UnparsedFlagAccessError):
+    with pytest.raises(ConfigError, match=r"TF_CONFIG is not set and the flags were not parsed.*"
+                                          r"export TF_CONFIG .* or parse the flags"):
       flags_lib.cluster_from_flags(flag_values)
     flag_values(["prog", "--job_name=ps", "--task_index=0", "--ps_hosts=p:1", "--worker_hosts=w:1"])
     assert flags_lib.cluster_from_flags(flag_values).is_ps
+
+
+# A valid non-default value per flag, as an environment variable would carry it.
+ENV_VALUES = {
+    "epochsync_num_epochs": ("4", 4), "epochsync_num_workers": ("3", 3),
+    "epochsync_sync": ("false", False), "epochsync_divide_by_initial_workers": ("1", True),
+    "epochsync_startup_timeout_secs": ("30", 30.0), "epochsync_barrier_timeout_secs": ("90", 90.0),
+    "epochsync_step_timeout_secs": (" 20.5 ", 20.5), "epochsync_warn_after_secs": ("7", 7.0),
+    "epochsync_log_every_secs": ("2", 2.0), "epochsync_progress_secs": ("3", 3.0)}
+
+
+class TestEnvironmentVariables:
+  """EPOCHSYNC_* variables: flag over environment over default, bad values named."""
+
+  def test_every_flag_has_a_variable(self, parse, monkeypatch):
+    assert sorted(h.name for h in flags_lib.EPOCHSYNC_FLAGS) == sorted(ENV_VALUES)
+    defined = [f.name for f in FLAGS.get_flags_for_module("hooks.flags")
+               if f.name.startswith("epochsync_")]
+    assert sorted(defined) == sorted(ENV_VALUES)  # No flag is missing from EPOCHSYNC_FLAGS.
+    for name, (text, _) in ENV_VALUES.items():
+      monkeypatch.setenv(flags_lib.env_var(name), text)
+    parse()
+    applied = flags_lib.apply_env()
+    assert applied == {name: name.upper() for name in ENV_VALUES}
+    for name, (_, value) in ENV_VALUES.items():
+      assert getattr(FLAGS, name) == value, name
+    assert flags_lib.settings_from_flags() == EpochSyncSettings(
+        num_epochs=4, sync=False, divide_by_initial_workers=True, startup_timeout_secs=30,
+        barrier_timeout_secs=90, step_timeout_secs=20.5, warn_after_secs=7, log_every_secs=2,
+        progress_secs=3)
+
+  def test_flag_over_environment_over_default(self, parse, monkeypatch):
+    parse("--epochsync_num_epochs=5", "--epochsync_sync")
+    monkeypatch.setenv("EPOCHSYNC_NUM_EPOCHS", "3")
+    monkeypatch.setenv("EPOCHSYNC_SYNC", "false")
+    monkeypatch.setenv("EPOCHSYNC_LOG_EVERY_SECS", "4")
+    settings = flags_lib.settings_from_flags()
+    assert (settings.num_epochs, settings.sync) == (5, True)  # the flags win
+    assert settings.log_every_secs == 4.0  # the variable wins over the default
+    assert settings.barrier_timeout_secs == 1800.0  # neither: the default
+
+  def test_a_value_assigned_in_code_wins_over_the_environment(self, parse, monkeypatch):
+    parse()
+    FLAGS.epochsync_num_epochs = 7
+    monkeypatch.setenv("EPOCHSYNC_NUM_EPOCHS", "3")
+    assert flags_lib.settings_from_flags().num_epochs == 7
+
+  def test_a_removed_variable_gives_back_the_default(self, parse, monkeypatch):
+    parse()
+    monkeypatch.setenv("EPOCHSYNC_NUM_EPOCHS", "3")
+    assert flags_lib.settings_from_flags().num_epochs == 3
+    monkeypatch.delenv("EPOCHSYNC_NUM_EPOCHS")
+    assert flags_lib.settings_from_flags().num_epochs == 1
+
+  def test_works_without_parsed_flags(self, monkeypatch):
+    """A job that never parses absl flags is configured by the variables alone."""
+    flag_values = flags.FlagValues()
+    flags.DEFINE_integer("epochsync_num_epochs", 1, "", lower_bound=1, flag_values=flag_values)
+    assert not flag_values.is_parsed()
+    applied = flags_lib.apply_env(flag_values, {"EPOCHSYNC_NUM_EPOCHS": "6"})
+    assert applied == {"epochsync_num_epochs": "EPOCHSYNC_NUM_EPOCHS"}
+    assert flag_values["epochsync_num_epochs"].value == 6
+    monkeypatch.setenv("EPOCHSYNC_NUM_EPOCHS", "2")
+    was_parsed = FLAGS.is_parsed()
+    with flagsaver.flagsaver():
+      if was_parsed:
+        FLAGS.unparse_flags()
+      assert flags_lib.settings_from_flags().num_epochs == 2
+    if was_parsed:
+      FLAGS(["prog"])
+
+  def test_num_workers_from_the_environment_is_checked_against_tf_config(self, parse,
+                                                                         monkeypatch):
+    parse()
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": {"worker": ["a:1", "c:1"], "ps": ["b:1"]}, "task": {"type": "worker",
+                                                                        "index": 1}}))
+    monkeypatch.setenv("EPOCHSYNC_NUM_WORKERS", "3")
+    with pytest.raises(ConfigError, match=r"num_workers=3 but TF_CONFIG lists 2 chief\+worker"):
+      flags_lib.cluster_from_flags()
+    monkeypatch.setenv("EPOCHSYNC_NUM_WORKERS", "2")
+    assert flags_lib.cluster_from_flags().worker_id == 1
+
+  @pytest.mark.parametrize("env, match", [
+      ({"EPOCHSYNC_NUM_EPOCHS": "three"},
+       r"EPOCHSYNC_NUM_EPOCHS='three' is invalid: invalid literal.*\(it sets "
+       r"--epochsync_num_epochs; fix or unset the variable\)"),
+      ({"EPOCHSYNC_NUM_EPOCHS": "0"}, r"EPOCHSYNC_NUM_EPOCHS='0' is invalid: 0 is not a positive"),
+      ({"EPOCHSYNC_SYNC": "maybe"}, r"EPOCHSYNC_SYNC='maybe' is not a boolean: use true/false"),
+      ({"EPOCHSYNC_STEP_TIMEOUT_SECS": "0"},
+       r"EPOCHSYNC_STEP_TIMEOUT_SECS='0': must be a finite number of seconds > 0 \(set from "
+       r"the environment; fix or unset the variable\)"),
+      ({"EPOCHSYNC_LOG_EVERY_SECS": "inf"}, r"EPOCHSYNC_LOG_EVERY_SECS='inf': must be a finite"),
+      ({"EPOCHSYNC_WARN_AFTER_SECS": "100", "EPOCHSYNC_BARRIER_TIMEOUT_SECS": "50"},
+       r"EPOCHSYNC_WARN_AFTER_SECS='100', EPOCHSYNC_BARRIER_TIMEOUT_SECS='50': "
+       r"--epochsync_warn_after_secs=100.0 must be < --epochsync_barrier_timeout_secs=50.0"),
+  ])
+  def test_bad_values_name_the_variable(self, parse, monkeypatch, env, match):
+    parse()
+    for name, value in env.items():
+      monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=match):
+      flags_lib.settings_from_flags()
+    for name in env:  # The flags are left as they were.
+      assert FLAGS[name.lower()].value == FLAGS[name.lower()].default
+
+  def test_env_against_a_command_line_flag_is_named(self, parse, monkeypatch):
+    parse("--epochsync_barrier_timeout_secs=80")
+    monkeypatch.setenv("EPOCHSYNC_WARN_AFTER_SECS", "90")
+    with pytest.raises(ConfigError, match=r"EPOCHSYNC_WARN_AFTER_SECS='90': "
+                                          r"--epochsync_warn_after_secs=90.0 must be < "
+                                          r"--epochsync_barrier_timeout_secs=80.0"):
+      flags_lib.settings_from_flags()
+
+  def test_all_problems_are_reported_together(self, parse, monkeypatch):
+    parse()
+    monkeypatch.setenv("EPOCHSYNC_NUM_EPOCHS", "x")
+    monkeypatch.setenv("EPOCHSYNC_SYNC", "x")
+    monkeypatch.setenv("EPOCHSYNC_STEP_TIMEOUT_SECS", "-1")
+    with pytest.raises(ConfigError, match=r"\(3 problem\(s\)\)"):
+      flags_lib.settings_from_flags()

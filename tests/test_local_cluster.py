@@ -58,7 +58,9 @@ class TestLocalClusterProcesses:
 
   @pytest.mark.timeout(120)
   def test_three_workers_increment_one_ps_variable(self):
-    with LocalCluster(num_workers=3, num_ps=1, timeout_secs=90) as cluster:
+    lines = []
+    with LocalCluster(num_workers=3, num_ps=1, timeout_secs=90,
+                      on_line=lambda task, line: lines.append((task, line))) as cluster:
       cluster.start(TASK + ["--repeat=4"])
       result = cluster.wait()
       result.check()
@@ -68,6 +70,8 @@ class TestLocalClusterProcesses:
     assert total == 4 * (1 + 2 + 3)
     assert sorted(result.tasks) == ["worker:0", "worker:1", "worker:2"]
     assert all("added 4 x" in t.log for t in result.tasks.values())
+    assert sorted(l.strip() for t, l in lines if "added 4 x" in l and t.startswith("worker")) == [
+        "worker:0 added 4 x 1", "worker:1 added 4 x 2", "worker:2 added 4 x 3"]  # on_line saw
     assert not [name for name, pid in pids.items() if _alive(pid)]
 
   @pytest.mark.timeout(120)

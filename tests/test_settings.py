@@ -19,7 +19,7 @@ class TestEpochSyncSettings:
   def test_defaults(self):
     assert dataclasses.asdict(EpochSyncSettings()) == dict(
         num_epochs=1, barrier_timeout_secs=1800, startup_timeout_secs=600, step_timeout_secs=600,
-        warn_after_secs=60, log_every_secs=30, sync=True, divide_by_initial_workers=False)
+        warn_after_secs=60, log_every_secs=30, progress_secs=10, sync=True, divide_by_initial_workers=False)
 
   @pytest.mark.parametrize("field, value, rule", [
       ("num_epochs", 0, "must be an integer >= 1"),
@@ -31,6 +31,7 @@ class TestEpochSyncSettings:
       ("warn_after_secs", float("nan"), "must be a finite number of seconds > 0"),
       ("log_every_secs", "30", "must be a finite number of seconds >= 0.001"),
       ("log_every_secs", 0.0009, "must be a finite number of seconds >= 0.001"),
+      ("progress_secs", 0.0, "must be a finite number of seconds > 0"),
       ("sync", 1, "must be True or False"),
       ("divide_by_initial_workers", None, "must be True or False"),
   ])

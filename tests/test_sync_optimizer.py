@@ -122,6 +122,64 @@ class TestWorkerDoneSyncReplicasOptimizer:
     with pytest.raises(ConfigError, match=r"opt='sgd' is not a tf.compat.v1.train.Optimizer"):
       WorkerDoneSyncReplicasOptimizer("sgd", 3, 0)
 
+  def test_stock_constructor_arguments_take_the_worker_from_tf_config(self, monkeypatch):
+    """Renaming stock's class is the whole change: worker id and names come from TF_CONFIG."""
+    import tensorflow as tf
+    from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]},
+        "task": {"type": "worker", "index": 1}}))
+    sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    opt = WorkerDoneSyncReplicasOptimizer(sgd, replicas_to_aggregate=3, total_num_replicas=3)
+    assert (opt.num_workers, opt.worker_id) == (3, 2)
+    assert opt.worker_names == ("chief:0", "worker:0", "worker:1")
+    opt = WorkerDoneSyncReplicasOptimizer(sgd, replicas_to_aggregate=3, use_locking=True,
+                                          name="sync_replicas")
+    assert (opt.num_workers, opt.worker_id, opt.get_name()) == (3, 2, "sync_replicas")
+    opt = WorkerDoneSyncReplicasOptimizer(sgd)  # everything from TF_CONFIG
+    assert (opt.num_workers, opt.worker_id) == (3, 2)
+    opt = WorkerDoneSyncReplicasOptimizer(sgd, 3, 0)  # explicit arguments win, as before
+    assert (opt.worker_id, opt.worker_names) == (0, ("worker:0", "worker:1", "worker:2"))
+
+  def test_stock_arguments_that_disagree_with_tf_config(self, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["w0:1", "w1:1"], "ps": ["p:1"]}, "task": {"type": "worker",
+                                                                       "index": 0}}))
+    with pytest.raises(ConfigError, match=r"num_workers=3 \(or total_num_replicas\) but "
+                                          r"TF_CONFIG lists 2 chief\+worker tasks"):
+      _optimizer(num_workers=None, worker_id=None, replicas_to_aggregate=3)
+
+  def test_without_a_worker_id_or_cluster_says_what_to_pass(self, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match=r"worker_id not given and no cluster found.*pass "
+                                          r"worker_id=ClusterConfig.worker_id"):
+      _optimizer(num_workers=None, worker_id=None, replicas_to_aggregate=3,
+                 total_num_replicas=3)
+
+  @pytest.mark.parametrize("replicas, total, match", [
+      (2, 3, r"replicas_to_aggregate=2 < total_num_replicas=3 asks for backup workers: each step "
+             r"would drop the gradients of the slowest 1 worker\(s\), so their examples would "
+             r"not be trained in that epoch and exactly-once epochs break; set "
+             r"replicas_to_aggregate=3"),
+      (4, 3, r"replicas_to_aggregate=4 > total_num_replicas=3: .*exactly one gradient per step"),
+      (0, None, r"replicas_to_aggregate=0 must be an integer >= 1"),
+  ])
+  def test_refuses_backup_workers_and_bad_stock_counts(self, replicas, total, match):
+    with pytest.raises(ConfigError, match=match):
+      _optimizer(num_workers=None, worker_id=0, replicas_to_aggregate=replicas,
+                 total_num_replicas=total)
+
+  def test_refuses_variable_averages_and_conflicting_num_workers(self):
+    import tensorflow as tf
+    with pytest.raises(ConfigError, match=r"variable_averages is not supported"):
+      _optimizer(variable_averages=tf.compat.v1.train.ExponentialMovingAverage(0.9))
+    with pytest.raises(ConfigError, match=r"num_workers=2 but total_num_replicas=3"):
+      _optimizer(num_workers=2, worker_id=0, total_num_replicas=3)
+
+  def test_stock_positional_arguments_get_a_hint(self):
+    with pytest.raises(ConfigError, match=r"(?s)worker_id=3 is out of range.*pass them by keyword"):
+      _optimizer(num_workers=3, worker_id=3)
+
   @pytest.mark.parametrize("num_tokens", [-1, 1, 3])
   def test_num_tokens_must_be_zero(self, num_tokens):
     with pytest.raises(ConfigError, match=rf"num_tokens={num_tokens} is not supported: it must be "

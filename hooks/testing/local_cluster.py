@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import portpicker
 
@@ -85,9 +85,10 @@ class _Task:
   """One running process of the cluster and the thread that copies its output to a log."""
 
   def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: str,
-               stream: bool):
+               stream: bool, on_line: Optional[Callable[[str, str], None]] = None):
     self.name = name
     self.argv, self.env, self.stream = list(argv), dict(env), stream
+    self._on_line = on_line
     self.log_path = log_path
     self.started = time.monotonic()
     self.ended: Optional[float] = None
@@ -104,6 +105,8 @@ class _Task:
       line = raw.decode(errors="replace")
       self._log.write(line)
       self._log.flush()
+      if self._on_line is not None:
+        self._on_line(self.name, line)
       if stream:
         sys.stdout.write(f"[{self.name}] {line}")
         sys.stdout.flush()
@@ -154,6 +157,8 @@ class LocalCluster:
     stream_logs: `bool`, echo every task's output prefixed with `[worker:2]`.
     log_dir: where `<task>.log` files go (default: a new temporary directory).
     env: extra environment variables for every task.
+    on_line: `Callable[[str, str], None]`, called with (task name, line) for every line a
+      task prints, from that task's log thread (e.g. to echo progress lines).
 
   Raises:
     ValueError: for counts below 1 or a non-positive timeout.
@@ -163,7 +168,8 @@ class LocalCluster:
                has_evaluator: bool = False, timeout_secs: float = 120.0,
                fail_fast_secs: Optional[float] = 10.0, stream_logs: bool = False,
                log_dir: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-               ps_command: Sequence[str] = PS_COMMAND):
+               ps_command: Sequence[str] = PS_COMMAND,
+               on_line: Optional[Callable[[str, str], None]] = None):
     if num_workers < 1 or num_ps < 1:
       raise ValueError(f"num_workers={num_workers}, num_ps={num_ps}: both must be >= 1")
     if timeout_secs <= 0:
@@ -175,6 +181,7 @@ class LocalCluster:
     os.makedirs(self.log_dir, exist_ok=True)
     self._env = dict(env or {})
     self._ps_command = tuple(ps_command)
+    self._on_line = on_line
     jobs = {"ps": num_ps, "worker": num_workers - 1 if has_chief else num_workers}
     if has_chief:
       jobs["chief"] = 1
@@ -238,7 +245,8 @@ class LocalCluster:
     old.kill()
     n = sum(1 for f in os.listdir(self.log_dir) if f.startswith(os.path.basename(old.log_path)))
     os.rename(old.log_path, f"{old.log_path}.{n}")
-    self._tasks[name] = _Task(name, argv or old.argv, old.env, old.log_path, old.stream)
+    self._tasks[name] = _Task(name, argv or old.argv, old.env, old.log_path, old.stream,
+                              old._on_line)
 
   def _spawn(self, name: str, argv: Sequence[str]) -> None:
     task_type, index = name.split(":")
@@ -249,7 +257,7 @@ class LocalCluster:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     log_path = os.path.join(self.log_dir, name.replace(":", "-") + ".log")
-    self._tasks[name] = _Task(name, argv, env, log_path, self.stream_logs)
+    self._tasks[name] = _Task(name, argv, env, log_path, self.stream_logs, self._on_line)
 
   def wait(self) -> ClusterResult:
     """Waits (bounded by the job deadline) for every training task; ps tasks keep running."""

@@ -2,6 +2,8 @@
 
   --step_sleep_secs=0.2             every step sleeps (so a test can kill mid-epoch)
   --stall_worker=2 --stall_epoch=1  worker id 2 never reaches the barrier of epoch 1
+  --chief_init_delay_secs=3         the chief creates its session (initialises) 3 s late, its
+                                    server already up: every worker asks for the model first
 """
 
 import faulthandler
@@ -18,6 +20,8 @@ from hooks.epoch_input import EpochListener
 _STEP_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.0, "Sleep after every step.")
 _STALL_WORKER = flags.DEFINE_integer("stall_worker", -1, "Worker id that stalls.")
 _STALL_EPOCH = flags.DEFINE_integer("stall_epoch", 0, "Epoch at whose end it stalls.")
+_CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
+                                   "The chief initialises the model this late.")
 
 
 class _SlowSteps(tf.compat.v1.train.SessionRunHook):
@@ -35,8 +39,17 @@ class _Stall(EpochListener):
       time.sleep(10_000)
 
 
+class _DelayBegin(tf.compat.v1.train.SessionRunHook):
+  """Sleeps in begin(): after the graph and the server exist, before the session is created."""
+
+  def begin(self):
+    time.sleep(_CHIEF_DELAY.value)
+
+
 def _extra_hooks(config, epoch_input):
   hooks = [_SlowSteps()] if _STEP_SLEEP.value > 0 else []
+  if config.is_chief and _CHIEF_DELAY.value > 0:
+    hooks.append(_DelayBegin())
   if config.worker_id == _STALL_WORKER.value:
     epoch_input.add_listener(_Stall())
   return hooks

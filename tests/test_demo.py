@@ -1,0 +1,38 @@
+"""examples/demo_report.py, what ./es demo prints: the echoed progress lines and the final table."""
+
+import io
+
+from examples import demo_report as demo
+
+AUDIT = [{"epoch": e, "global_step": 9 * (e + 1), "workers": {
+    "worker:0": {"examples": 72, "started_at": 100.0, "arrived_at": 100.5,
+                 "barrier_wait_secs": 0.25},
+    "worker:1": {"examples": 40, "started_at": 100.0, "arrived_at": 100.75,
+                 "barrier_wait_secs": 0.0}}} for e in range(2)]
+
+
+def test_epoch_table_has_one_row_per_epoch_and_three_numbers_per_worker():
+  rows = demo.epoch_table(AUDIT)
+  assert rows[0].split() == ["epoch", "|", "worker:0", "|", "worker:1", "|", "global_step"]
+  assert rows[1].split() == ["|"] + ["examples", "secs", "wait", "|"] * 2
+  assert rows[2].split() == ["0", "|", "72", "0.50", "0.25", "|", "40", "0.75", "0.00", "|", "9"]
+  assert rows[3].split()[0] == "1" and rows[3].split()[-1] == "18"
+  assert len(rows) == 4
+
+
+def test_progress_printer_echoes_progress_and_the_chiefs_epoch_lines_only():
+  out = io.StringIO()
+  on_line = demo.progress_printer(out)
+  on_line("worker:1", "I1122 17:02:00.1 42 progress.py:97] progress worker:1 epoch 0 done: "
+                      "5/5 batches of its shard, 40 examples in 0.40 s, 100.0 examples/s\n")
+  on_line("worker:0", "I1122 17:02:00.2 42 audit.py:57] epoch 0 done on all 3 workers: ...\n")
+  on_line("worker:0", "I1122 17:02:00.3 42 barrier.py:150] worker:0 waiting at start, epoch 0\n")
+  on_line("ps:0", "some unrelated line\n")
+  assert out.getvalue().splitlines() == [
+      "  progress worker:1 epoch 0 done: 5/5 batches of its shard, 40 examples in 0.40 s, "
+      "100.0 examples/s",
+      "  worker:0: epoch 0 done on all 3 workers: ..."]
+
+
+def test_exports():
+  assert sorted(demo.__all__) == ["epoch_table", "progress_printer"]

@@ -1,0 +1,125 @@
+"""examples/k8s/tfjob.yaml: every replica's TF_CONFIG (as the training operator builds it) and
+EPOCHSYNC_* environment give one consistent cluster and one set of settings."""
+
+import json
+import os
+
+from absl import flags
+from absl.testing import flagsaver
+import pytest
+
+from hooks import flags as epochsync_flags
+from hooks.cluster import ClusterConfig
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is in the `test` extra of setup.cfg")
+
+MANIFEST = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", "k8s",
+                        "tfjob.yaml")
+DEFAULT_PORT = 2222  # the operator's default when no port is named tfjob-port
+
+
+def _load():
+  with open(MANIFEST) as f:
+    return yaml.safe_load(f)
+
+
+def _container(spec):
+  containers = spec["template"]["spec"]["containers"]
+  return next(c for c in containers if c["name"] == "tensorflow")
+
+
+def _port(spec):
+  ports = _container(spec).get("ports", [])
+  return next((p["containerPort"] for p in ports if p.get("name") == "tfjob-port"), DEFAULT_PORT)
+
+
+def operator_tf_configs(job):
+  """{(type, index): TF_CONFIG JSON} as Kubeflow's training operator generates them.
+
+  Each replica type becomes a lower-case job of "<name>-<type>-<i>.<namespace>.svc:<port>";
+  the evaluator is left out of the cluster (also of its own TF_CONFIG), as the operator does.
+  """
+  name, namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
+  specs = job["spec"]["tfReplicaSpecs"]
+  cluster = {}
+  for rtype, spec in specs.items():
+    rt = rtype.lower()
+    if rt == "evaluator":
+      continue
+    cluster[rt] = [f"{name}-{rt}-{i}.{namespace}.svc:{_port(spec)}"
+                   for i in range(spec.get("replicas", 1))]
+  return {(rtype.lower(), i): json.dumps({"cluster": cluster,
+                                          "task": {"type": rtype.lower(), "index": i},
+                                          "environment": "cloud"})
+          for rtype, spec in specs.items() for i in range(spec.get("replicas", 1))}
+
+
+def _env(spec):
+  return {e["name"]: e["value"] for e in _container(spec).get("env", [])}
+
+
+def test_shape_is_chief_workers_two_ps_and_an_evaluator():
+  job = _load()
+  assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "TFJob")
+  replicas = {t: s["replicas"] for t, s in job["spec"]["tfReplicaSpecs"].items()}
+  assert replicas == {"Chief": 1, "Worker": 3, "PS": 2, "Evaluator": 1}
+  assert all(s["restartPolicy"] == "Never" for s in job["spec"]["tfReplicaSpecs"].values())
+  assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+
+
+def test_every_replica_agrees_on_worker_ids_and_the_chief():
+  job = _load()
+  configs = {key: ClusterConfig.from_tf_config(tf_config)
+             for key, tf_config in operator_tf_configs(job).items()}
+  assert len(configs) == 7
+  training = {k: c for k, c in configs.items() if not (c.is_ps or c.is_evaluator)}
+  names = {c.worker_names for c in configs.values()}
+  assert names == {("chief:0", "worker:0", "worker:1", "worker:2")}  # one view, everywhere
+  assert sorted(c.worker_id for c in training.values()) == [0, 1, 2, 3]
+  assert [c.task_name for c in configs.values() if c.is_chief] == ["chief:0"]
+  assert configs[("chief", 0)].worker_id == 0 and configs[("worker", 2)].worker_id == 3
+  assert all(c.num_ps == 2 for c in configs.values())
+  assert sorted(c.task_name for c in configs.values() if c.is_ps) == ["ps:0", "ps:1"]
+  evaluator = configs[("evaluator", 0)]
+  assert evaluator.is_evaluator and evaluator.target == ""  # local: not in the cluster
+  assert {c.cluster_spec().as_dict()["ps"][0] for c in configs.values()} == {
+      "epochsync-example-ps-0.default.svc:2222"}
+
+
+def test_every_replica_gets_the_same_valid_epochsync_settings():
+  job = _load()
+  specs = job["spec"]["tfReplicaSpecs"]
+  envs = [_env(s) for s in specs.values()]
+  assert all(env == envs[0] for env in envs)
+  env = dict(envs[0])
+  names = {epochsync_flags.env_var(h.name) for h in epochsync_flags.EPOCHSYNC_FLAGS}
+  assert {k for k in env if k.startswith("EPOCHSYNC_")} <= names  # no misspelt variable
+  tf_configs = operator_tf_configs(job)
+  with flagsaver.flagsaver():
+    was_parsed = flags.FLAGS.is_parsed()
+    if was_parsed:
+      flags.FLAGS.unparse_flags()
+    settings = epochsync_flags.settings_from_flags(env=env)
+    for (rtype, i), tf_config in tf_configs.items():  # EPOCHSYNC_NUM_WORKERS matches TF_CONFIG
+      config = epochsync_flags.cluster_from_flags(env=dict(env, TF_CONFIG=tf_config))
+      assert config.task_name == f"{rtype}:{i}"
+  if was_parsed:
+    flags.FLAGS(["prog"])
+  assert settings.num_epochs == 3 and settings.sync
+  assert settings.startup_timeout_secs == 900 and settings.warn_after_secs == 120
+
+
+def test_every_replica_runs_the_example_on_the_shared_model_dir():
+  job = _load()
+  specs = job["spec"]["tfReplicaSpecs"]
+  for rtype, spec in specs.items():
+    container = _container(spec)
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "examples.train"], rtype
+    model_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--model_dir="))
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
+    mount = next(p for p in mounts if model_dir.startswith(p.rstrip("/") + "/"))
+    assert "persistentVolumeClaim" in volumes[mounts[mount]], rtype
+    shards = next(a.split("=", 1)[1] for a in command if a.startswith("--shard_batches="))
+    assert len(shards.split(",")) == 4  # one shard per training task
