@@ -69,7 +69,9 @@ class EpochInput:
 
   Build it inside the worker's graph (under `replica_device_setter`); every epoch
   re-initialises the iterator, so an unseeded `shuffle()` in the dataset reshuffles per
-  epoch, while a seeded one starts from its seed again and repeats its order.
+  epoch, while a seeded one starts from its seed again and repeats its order. tf.data
+  autotuning is turned off unless the dataset's options set it (with it, TensorFlow 2.15
+  can hold each epoch's re-initialisation up to 60 s).
 
     epoch_input = EpochInput(dataset, num_epochs=3, task_name=config.task_name)
     features, labels = epoch_input.get_next()
@@ -97,6 +99,7 @@ class EpochInput:
       raise ConfigError("; ".join(problems))
     self.num_epochs = num_epochs
     self.task_name = task_name
+    dataset = self._dataset = _without_autotune_stall(dataset, task_name)
     self._spec = dataset.element_spec
     flat_spec = tf.nest.flatten(self._spec)
     with tf.name_scope("epochsync_input"):
@@ -285,6 +288,28 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
           f"{self._input.num_epochs} (after {self._batches} batches of it): something stopped "
           "it early, e.g. an OutOfRangeError that did not come from the EpochInput, or a "
           "max_steps/StopAtStepHook; epoch-synchronized training needs neither")
+
+
+def _without_autotune_stall(dataset: tf.data.Dataset, task_name: str) -> tf.data.Dataset:
+  """`dataset` with tf.data autotuning off, unless its options already decide.
+
+  In TensorFlow 2.15 re-initialising an iterator whose pipeline is autotuned waits for the
+  autotune thread's current period to end, and the period doubles up to 60 s: a fresh iterator
+  per epoch then starts up to 60 s late on some workers and not on others (seen: 4-5 s after
+  6 s epochs). Without autotuning, AUTOTUNE parallelism and buffer sizes take TensorFlow's
+  defaults instead.
+  """
+  chosen = dataset.options().autotune.enabled
+  if chosen is None:
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+  if chosen:
+    logging.warning("%s: the dataset sets options.autotune.enabled=True: in TensorFlow 2.15 "
+                    "each epoch's fresh iterator may then start up to 60 s late (the autotune "
+                    "thread's period); leave it unset and EpochInput turns autotuning off",
+                    task_name)
+  return dataset
 
 
 def _reaches(fetch_ops, target: tf.Operation) -> bool:
