@@ -40,6 +40,7 @@ from hooks.checkpointing import ChiefSaveAfterBarrierHook
 from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput
 from hooks.epoch_sync import epoch_sync_hooks
+from hooks.run_start import RunStartHook
 from hooks.errors import ConfigError, raise_if_problems
 from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
 
@@ -270,8 +271,9 @@ def _session_hooks(estimator, train_spec, eval_spec, config: EpochSyncRunConfig,
                    epoch_input: EpochInput, spec, sync_opts):
   """(hooks in order, the StopAfterEpochHook, the chief's InLoopEvaluation or None).
 
-  Order: the sync optimizers' hooks (the chief's aggregation starts first), Estimator's own
-  hooks, the epoch hooks, the early-stop hook, `epoch_input.hook` last.
+  Order: the run start (in a cluster), the sync optimizers' hooks (the chief's aggregation
+  starts first), Estimator's own hooks, the epoch hooks, the early-stop hook, `epoch_input.hook`
+  last.
   """
   settings, is_chief, model_dir = config.settings, config.is_chief, estimator.model_dir
   hooks = [opt.make_session_run_hook(
@@ -298,7 +300,11 @@ def _session_hooks(estimator, train_spec, eval_spec, config: EpochSyncRunConfig,
   if is_chief and config.in_loop_eval:  # Registered after the save: chief actions run in order.
     evaluation = InLoopEvaluation(estimator, eval_spec, save, stop, config)
     barrier.add_chief_action(evaluation)
-  return hooks + epoch_hooks[:-1] + [stop, epoch_input.hook], stop, evaluation
+  # The RunStartHook (in a cluster) goes before everything: the chief must drain what an
+  # earlier run left on the ps before its aggregation thread starts, the workers must wait.
+  first = [h for h in epoch_hooks if isinstance(h, RunStartHook)]
+  rest = [h for h in epoch_hooks[:-1] if not isinstance(h, RunStartHook)]
+  return first + hooks + rest + [stop, epoch_input.hook], stop, evaluation
 
 
 def _session_creator(estimator, config: EpochSyncRunConfig, scaffold):

@@ -23,10 +23,11 @@ from hooks.errors import ConfigError, StartupTimeoutError
 from hooks.liveness import LivenessMonitor
 from hooks.waiting import run_options
 
-__all__ = ["RunStartHook"]
+__all__ = ["RunStartHook", "check_started"]
 
 _v1 = tf.compat.v1
 _POLL_SECS = 0.1
+_HOOKS = "epochsync_run_start_hooks"  # the graph's RunStartHooks, for check_started()
 _RPC_TIMEOUT_SECS = 60.0
 
 
@@ -57,6 +58,8 @@ class RunStartHook(_v1.train.SessionRunHook):
     self._timeout, self._ps_device = startup_timeout_secs, ps_device
 
   def begin(self) -> None:
+    self.started = False  # set once after_create_session has cleaned up (or waited)
+    _v1.add_to_collection(_HOOKS, self)
     with _v1.device(self._ps_device), tf.name_scope("epochsync_run_start"):
       # In no collection: not saved, not restored and not initialised by init_op, so that it
       # keeps the previous run's value until the new chief has cleaned up.
@@ -77,8 +80,9 @@ class RunStartHook(_v1.train.SessionRunHook):
       logging.info("%s started run %x: the ps-side queues and accumulators are clean "
                    "(%d reset ops in %.3f s)", self._task, incarnation, len(self._reset),
                    time.monotonic() - start)
-      return
-    self._wait_for_run(session, incarnation)
+    else:
+      self._wait_for_run(session, incarnation)
+    self.started = True
 
   def _check_own_address(self, session) -> None:
     """Refuses to start if another process answers at this task's address (a duplicate index)."""
@@ -122,3 +126,16 @@ class RunStartHook(_v1.train.SessionRunHook):
         f"incarnation {incarnation:x} in epochsync/run_id on the ps; found "
         f"{'nothing' if seen is None else f'{seen:x}'}): check its log or raise "
         "--epochsync_startup_timeout_secs", [self._chief])
+
+
+def check_started(what: str) -> None:
+  """Raises ConfigError if the graph has a RunStartHook whose after_create_session has not run.
+
+  A hook that uses the ps-side queues calls it first in its own after_create_session:
+  `what` (e.g. "SafeSyncTokensHook") must come after the RunStartHook in the hooks list.
+  """
+  late = [h for h in _v1.get_collection(_HOOKS) if not h.started]
+  if late:
+    raise ConfigError(f"{what} runs before the RunStartHook: put the RunStartHook first in the "
+                      "hooks list (epoch_sync_hooks() returns it first), or the chief's "
+                      "clean-up of the ps-side queues would race with their use")

@@ -18,6 +18,7 @@ from absl import logging
 import tensorflow as tf
 
 from hooks.errors import ConfigError, StepTimeoutError, TaskDiedError
+from hooks import run_start
 from hooks.liveness import LivenessMonitor, explain_lost_session
 
 __all__ = ["SafeSyncTokensHook"]
@@ -105,6 +106,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     self._train_names = {self._ops.train_op.name, self._ops.train_op.op.name}
 
   def after_create_session(self, session, coord) -> None:
+    run_start.check_started("SafeSyncTokensHook")
     self._stopping.clear()
     self._stop_error = None
     session.run(self._ops.local_step_init_op)

@@ -15,7 +15,7 @@ from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per te
 
 
 def test_exports():
-  assert run_start.__all__ == ["RunStartHook"]
+  assert run_start.__all__ == ["RunStartHook", "check_started"]
 
 
 class _Probes:
@@ -106,3 +106,16 @@ def test_a_task_answering_at_its_own_address_passes_the_check(graph):
     hook.after_create_session(sess, None)  # no ConfigError
     run_id = sess.run(hook._run_id)
   assert run_id == monitor.probe(["localhost:0"])["localhost:0"].incarnation & (2**63 - 1)
+
+
+def test_a_hook_placed_before_the_run_start_is_refused(graph):
+  """The chief's aggregation must not start before its clean-up of the ps-side queues."""
+  import hooks.tokens  # noqa: F401
+  hook = _hook(_Probes(chief_incarnation=1), is_chief=True, task_name="chief:0")
+  hook.begin()
+  with pytest.raises(ConfigError, match=r"^SafeSyncTokensHook runs before the RunStartHook: put "
+                                        r"the RunStartHook first"):
+    run_start.check_started("SafeSyncTokensHook")
+  with v1.Session() as sess:
+    hook.after_create_session(sess, None)
+  run_start.check_started("SafeSyncTokensHook")  # now it has run
