@@ -19,6 +19,7 @@ Typical usage:
 import collections
 import dataclasses
 import time
+import warnings
 from typing import Any, Dict, List, Optional
 
 from absl import logging
@@ -299,7 +300,9 @@ def _without_autotune_stall(dataset: tf.data.Dataset, task_name: str) -> tf.data
   6 s epochs). Without autotuning, AUTOTUNE parallelism and buffer sizes take TensorFlow's
   defaults instead.
   """
-  chosen = dataset.options().autotune.enabled
+  with warnings.catch_warnings():  # options() in graph mode warns that it may be stale
+    warnings.simplefilter("ignore", UserWarning)
+    chosen = dataset.options().autotune.enabled
   if chosen is None:
     options = tf.data.Options()
     options.autotune.enabled = False
