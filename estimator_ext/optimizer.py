@@ -19,7 +19,7 @@ from absl import logging
 import tensorflow as tf
 
 from hooks.errors import ConfigError
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.sync_optimizer import DelegatingOptimizer, WorkerDoneSyncReplicasOptimizer
 
 __all__ = ["EpochSyncOptimizer", "sync_optimizer", "mark_training_graph", "sync_optimizers"]
 
@@ -55,7 +55,7 @@ def sync_optimizers(graph: tf.Graph) -> List[WorkerDoneSyncReplicasOptimizer]:
   return list(build.optimizers) if build else []
 
 
-class EpochSyncOptimizer(_v1.train.Optimizer):
+class EpochSyncOptimizer(DelegatingOptimizer):
   """An optimizer that trains synchronously under `estimator_ext.train_and_evaluate`.
 
   Prefer `sync_optimizer(opt)`. It computes gradients with `opt`; `apply_gradients` builds a
@@ -81,18 +81,6 @@ class EpochSyncOptimizer(_v1.train.Optimizer):
                         "tf.compat.v1.estimator ones, which take them)")
     super().__init__(use_locking=False, name=name or f"EpochSync{opt.get_name()}")
     self._opt, self._sync_name = opt, name
-
-  def compute_gradients(self, *args, **kwargs):
-    return self._opt.compute_gradients(*args, **kwargs)
-
-  def get_slot(self, *args, **kwargs):
-    return self._opt.get_slot(*args, **kwargs)
-
-  def get_slot_names(self, *args, **kwargs):
-    return self._opt.get_slot_names(*args, **kwargs)
-
-  def variables(self):
-    return self._opt.variables()
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Synchronous in train_and_evaluate's training graph with sync on, else `opt`'s own.

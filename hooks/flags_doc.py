@@ -11,7 +11,7 @@ Typical usage:
 import math
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from absl import flags
 

@@ -38,7 +38,7 @@ from hooks.cluster import worker_problems
 from hooks.errors import ConfigError
 from hooks.tokens import SafeSyncTokensHook
 
-__all__ = ["WorkerDoneSyncReplicasOptimizer", "SyncOps", "GRAD", "DONE", "STOP", "ABORT_TOKEN"]
+__all__ = ["WorkerDoneSyncReplicasOptimizer", "DelegatingOptimizer", "SyncOps", "GRAD", "DONE", "STOP", "ABORT_TOKEN"]
 
 _v1 = tf.compat.v1
 GRAD, DONE, STOP = 0, 1, 2  # Marker kinds; STOP ends the chief's loop (SafeSyncTokensHook.end).
@@ -64,7 +64,27 @@ class SyncOps:
   abort_step_op: Optional[tf.Operation] = None  # This task: an ABORT_TOKEN ends its blocked step.
 
 
-class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
+class DelegatingOptimizer(_v1.train.Optimizer):
+  """An Optimizer wrapping `self._opt`: gradients, slots and variables are the wrapped one's.
+
+  Subclasses set `self._opt` and change apply_gradients() (as SyncReplicasOptimizer does).
+  """
+
+  def compute_gradients(self, *args, **kwargs) -> List[Tuple[Any, tf.Variable]]:
+    """The wrapped optimizer's compute_gradients()."""
+    return self._opt.compute_gradients(*args, **kwargs)
+
+  def get_slot(self, *args, **kwargs):
+    return self._opt.get_slot(*args, **kwargs)
+
+  def get_slot_names(self, *args, **kwargs):
+    return self._opt.get_slot_names(*args, **kwargs)
+
+  def variables(self):
+    return self._opt.variables()
+
+
+class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
   """A SyncReplicasOptimizer that never hangs on uneven shards: done workers leave the step.
 
   Use it like tf.compat.v1.train.SyncReplicasOptimizer with between-graph replication, plus hooks
@@ -148,19 +168,6 @@ class WorkerDoneSyncReplicasOptimizer(_v1.train.Optimizer):
 
   num_workers = property(lambda self: self._num_workers)
   worker_id = property(lambda self: self._worker_id)
-
-  def compute_gradients(self, *args, **kwargs) -> List[Tuple[Any, tf.Variable]]:
-    """The wrapped optimizer's compute_gradients()."""
-    return self._opt.compute_gradients(*args, **kwargs)
-
-  def get_slot(self, *args, **kwargs):
-    return self._opt.get_slot(*args, **kwargs)
-
-  def get_slot_names(self, *args, **kwargs):
-    return self._opt.get_slot_names(*args, **kwargs)
-
-  def variables(self):
-    return self._opt.variables()
 
   def make_session_run_hook(self, is_chief: bool, num_tokens: int = 0,
                             **kwargs) -> SafeSyncTokensHook:

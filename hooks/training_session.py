@@ -20,7 +20,7 @@ Typical usage:
 """
 
 import inspect
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from absl import logging
 import tensorflow as tf
@@ -28,7 +28,7 @@ import tensorflow as tf
 from hooks.cluster import ClusterConfig
 from hooks.epoch_input import EpochInput
 from hooks.epoch_sync import epoch_sync_hooks
-from hooks.errors import ConfigError, raise_if_problems
+from hooks.errors import raise_if_problems
 from hooks import liveness as liveness_lib
 from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
 from hooks.settings import EpochSyncSettings

@@ -1,7 +1,9 @@
-"""Shared fixtures: the project root on sys.path, and the --stress-runs option."""
+"""Shared fixtures: the project root on sys.path, absl flag parsing, the --stress-runs option."""
 
 import os
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -19,3 +21,18 @@ def pytest_generate_tests(metafunc):
   if "stress_run" in metafunc.fixturenames:
     runs = max(1, metafunc.config.getoption("--stress-runs"))
     metafunc.parametrize("stress_run", range(runs), ids=[f"run{i}" for i in range(runs)])
+
+
+@pytest.fixture
+def parse(monkeypatch):
+  """Parses argv into absl's FLAGS (no EPOCHSYNC_* variables); every value is restored after."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  for name in list(os.environ):
+    if name.startswith("EPOCHSYNC_"):
+      monkeypatch.delenv(name)
+  was_parsed = flags.FLAGS.is_parsed()
+  with flagsaver.flagsaver():
+    yield lambda *argv: flags.FLAGS(["prog", *argv])
+  if not was_parsed:
+    flags.FLAGS.unparse_flags()

@@ -5,7 +5,6 @@ import dataclasses
 import json
 import os
 import pickle
-import re
 import subprocess
 import sys
 import textwrap

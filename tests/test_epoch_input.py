@@ -10,7 +10,7 @@ import tensorflow as tf
 from hooks import epoch_input as epoch_input_lib
 from hooks.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError, EpochIncompleteError
-from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
+from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import train as _train
 
 
@@ -400,24 +400,23 @@ class TestEpochTensor:
     assert "epochsync_input/epoch" in local
     assert "epochsync_input/epoch" not in [v.op.name for v in v1.global_variables()]
 
-  def test_holds_the_epoch_of_each_step(self):
-    epoch_input, train_op, first = self._counting_model()
+  def _epoch_of_each_step(self, start=0):
+    """(epoch_tensor's value at every step, the first-epoch counter at the end)."""
+    epoch_input, train_op, first = self._counting_model(start=start)
     epochs, read = [], _ReadAtEnd(first)
     with v1.train.MonitoredSession(v1.train.ChiefSessionCreator(),
                                    hooks=[read, epoch_input.hook]) as sess:
       while not sess.should_stop():
         assert len(epochs) < 20
         epochs.append(int(sess.run([epoch_input.epoch_tensor, train_op])[0]))
+    return epochs, read.values
+
+  def test_holds_the_epoch_of_each_step(self):
+    epochs, counted = self._epoch_of_each_step()
     assert epochs == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # 3 batches per epoch
-    assert read.values == 10  # the first epoch's 10 examples, counted once
+    assert counted == 10  # the first epoch's 10 examples, counted once
 
   def test_starts_at_the_restored_epoch_after_a_restart(self):
-    epoch_input, train_op, first = self._counting_model(start=1)
-    epochs, read = [], _ReadAtEnd(first)
-    with v1.train.MonitoredSession(v1.train.ChiefSessionCreator(),
-                                   hooks=[read, epoch_input.hook]) as sess:
-      while not sess.should_stop():
-        assert len(epochs) < 20
-        epochs.append(int(sess.run([epoch_input.epoch_tensor, train_op])[0]))
+    epochs, counted = self._epoch_of_each_step(start=1)
     assert epochs == [1, 1, 1, 2, 2, 2]
-    assert read.values == 0  # epoch 0 was trained before the restart: nothing to count
+    assert counted == 0  # epoch 0 was trained before the restart: nothing to count

@@ -6,13 +6,14 @@ numpy lockstep oracle) are checked, not just exit codes.
 """
 
 import glob
-import json
 import os
 import re
 import sys
 
 import numpy as np
 import pytest
+
+import cluster_checks
 
 from hooks.audit import read_audit
 from hooks.testing import oracle
@@ -48,13 +49,7 @@ def _eval_log(model_dir, task):
   return read_eval_log(model_dir, task)
 
 
-def _summaries(model_dir):
-  out = {}
-  for path in glob.glob(os.path.join(model_dir, "summary-*.json")):
-    with open(path) as f:
-      row = json.load(f)
-    out[row["task"]] = row
-  return out
+_summaries = cluster_checks.summaries
 
 
 def _oracle_per_epoch(shards, num_epochs):

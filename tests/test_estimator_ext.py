@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 from absl import flags
-from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -39,16 +38,6 @@ def no_tf_config(monkeypatch):
 def set_tf_config(monkeypatch, task_type, index=0, cluster=None, **extra):
   monkeypatch.setenv("TF_CONFIG", json.dumps(
       {"cluster": cluster or CLUSTER, "task": {"type": task_type, "index": index}, **extra}))
-
-
-@pytest.fixture
-def parse():
-  """Parses argv into absl's FLAGS; every flag value is restored afterwards."""
-  was_parsed = FLAGS.is_parsed()
-  with flagsaver.flagsaver():
-    yield lambda *argv: FLAGS(["prog", *argv])
-  if not was_parsed:
-    FLAGS.unparse_flags()
 
 
 def test_exports():

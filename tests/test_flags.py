@@ -1,7 +1,6 @@
 """Tests for hooks/flags.py: flag definitions, validators, and conversion to config objects."""
 
 import json
-import os
 
 from absl import flags
 from absl.testing import flagsaver
@@ -19,20 +18,6 @@ CLUSTER_FLAGS = ["job_name", "task_index", "ps_hosts", "worker_hosts", "chief_ho
                  "evaluator_hosts"]
 CLUSTER_ARGV = ["--job_name=worker", "--task_index=1", "--ps_hosts=p0:1,p1:1",
                 "--worker_hosts=w0:1,w1:1", "--chief_hosts=c:1"]
-
-
-@pytest.fixture
-def parse(monkeypatch):
-  """Parses argv into absl's FLAGS; every flag value is restored afterwards."""
-  monkeypatch.delenv("TF_CONFIG", raising=False)
-  for name in list(os.environ):
-    if name.startswith("EPOCHSYNC_"):
-      monkeypatch.delenv(name)
-  was_parsed = FLAGS.is_parsed()
-  with flagsaver.flagsaver():
-    yield lambda *argv: FLAGS(["prog", *argv])
-  if not was_parsed:
-    FLAGS.unparse_flags()
 
 
 def test_exports():

@@ -110,7 +110,7 @@ def test_a_task_answering_at_its_own_address_passes_the_check(graph):
 
 def test_a_hook_placed_before_the_run_start_is_refused(graph):
   """The chief's aggregation must not start before its clean-up of the ps-side queues."""
-  import hooks.tokens  # noqa: F401
+  import hooks.tokens  # noqa: F401  (the check is what SafeSyncTokensHook calls)
   hook = _hook(_Probes(chief_incarnation=1), is_chief=True, task_name="chief:0")
   hook.begin()
   with pytest.raises(ConfigError, match=r"^SafeSyncTokensHook runs before the RunStartHook: put "

@@ -100,7 +100,8 @@ class TestWorkerDoneSyncReplicasOptimizer:
   def test_exports(self):
     from hooks import sync_optimizer
     assert sorted(sync_optimizer.__all__) == [
-        "ABORT_TOKEN", "DONE", "GRAD", "STOP", "SyncOps", "WorkerDoneSyncReplicasOptimizer"]
+        "ABORT_TOKEN", "DONE", "DelegatingOptimizer", "GRAD", "STOP", "SyncOps",
+        "WorkerDoneSyncReplicasOptimizer"]
     assert sorted(oracle.__all__) == [
         "embedding_mse_gradients", "linear_mse_gradients", "lockstep_sgd"]
 

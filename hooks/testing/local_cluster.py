@@ -195,7 +195,7 @@ class LocalCluster:
 
   @property
   def training_task_names(self) -> List[str]:
-    names = [f"chief:0"] if "chief" in self.cluster else []
+    names = ["chief:0"] if "chief" in self.cluster else []
     names += [f"worker:{i}" for i in range(len(self.cluster.get("worker", [])))]
     return names + (["evaluator:0"] if "evaluator" in self.cluster else [])
 
