@@ -358,6 +358,12 @@ class TestScaffoldInitFn:
     assert calls == []  # the epoch checkpoint is restored instead, as in stock
     np.testing.assert_allclose(w, self._oracle(after_two, 1), atol=1e-5)
     assert step == 9 and [line["epoch"] for line in read_audit(model_dir)] == [0, 1, 2]
+    # What a tf-epochsync checkpoint holds beside the model (listed in docs/migration.md).
+    names = set(tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+                .get_variable_to_shape_map())
+    assert names == {"w", "global_step", "epochsync/completed_epochs", "epochsync/done_epochs",
+                     "epochsync/arrived_barrier", "worker_done_sync_replicas/progress",
+                     "worker_done_sync_replicas/completed_epochs"}
 
   def test_a_stock_checkpoint_in_model_dir_wins_over_init_fn(self, servers, tmp_path):
     source = self._checkpoint(str(tmp_path / "pretrained" / "model.ckpt"), 5.0)
