@@ -76,15 +76,18 @@ def _run_local(args, timeout=120):
   return proc.stdout + proc.stderr
 
 
-def _run_cluster(log_dir, args, num_workers):
-  with LocalCluster(num_workers=num_workers, num_ps=1, has_chief=True, timeout_secs=150,
-                    log_dir=log_dir) as cluster:
-    cluster.start(ESTIMATOR_TASK + args)
-    result = cluster.wait()
+def _checked(result):
   result.check()
   logs = "".join(t.log for t in result.tasks.values())
   assert "Traceback" not in logs and "Exception in thread" not in logs
   return result
+
+
+def _run_cluster(log_dir, args, num_workers):
+  with LocalCluster(num_workers=num_workers, num_ps=1, has_chief=True, timeout_secs=150,
+                    log_dir=log_dir) as cluster:
+    cluster.start(ESTIMATOR_TASK + args)
+    return _checked(cluster.wait())
 
 
 def _stock(model_dir, shard_batches, num_epochs):
@@ -106,14 +109,24 @@ def switched_on(tmp_path_factory):
   _stock(model_dir, STOCK_SHARD, STOCK_EPOCHS)
   stock_ckpt = tf.train.latest_checkpoint(model_dir)
   shutil.copytree(model_dir, stock_dir)  # for the warm starts below
-  result = _run_cluster(str(root / "logs-on"), [
-      f"--model_dir={model_dir}", "--shard_batches=" + ",".join(map(str, ON_SHARDS)),
-      f"--epochsync_num_epochs={ON_EPOCHS}"], num_workers=len(ON_SHARDS))
+  shards = "--shard_batches=" + ",".join(map(str, ON_SHARDS))
+  second_dir = str(root / "second")
+  with LocalCluster(num_workers=len(ON_SHARDS), num_ps=1, has_chief=True, timeout_secs=150,
+                    log_dir=str(root / "logs-on")) as cluster:
+    cluster.start(ESTIMATOR_TASK + [f"--model_dir={model_dir}", shards,
+                                    f"--epochsync_num_epochs={ON_EPOCHS}"])
+    first_chief_log = _checked(cluster.wait()).tasks["chief:0"].log  # before restart renames it
+    # A second job (a fresh model_dir) on the same ps task, which kept running.
+    for name in cluster.training_task_names:
+      cluster.restart_task(name, ESTIMATOR_TASK + [f"--model_dir={second_dir}", shards,
+                                                   "--epochsync_num_epochs=1"])
+    second = _checked(cluster.wait())
   return types.SimpleNamespace(
-      root=root, model_dir=model_dir, stock_dir=stock_dir,
+      root=root, model_dir=model_dir, stock_dir=stock_dir, second_dir=second_dir,
       stock_checkpoint=os.path.join(stock_dir, os.path.basename(stock_ckpt)),
       stock_params=_params(stock_ckpt), stock_step=int(_load(stock_ckpt, "global_step")),
-      audit=read_audit(model_dir), chief_log=result.tasks["chief:0"].log)
+      audit=read_audit(model_dir), chief_log=first_chief_log,
+      second_chief_log=second.tasks["chief:0"].log)
 
 
 @pytest.mark.cluster
@@ -139,6 +152,21 @@ def test_switch_on_over_a_stock_estimator_checkpoint(switched_on):
   assert "tf-epochsync's own state starts fresh" in run.chief_log
   assert "epochsync/completed_epochs is not in the checkpoint" in run.chief_log
   assert "epoch counting starts at 0 for this run" in run.chief_log
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_a_second_estimator_job_on_the_still_running_ps(switched_on):
+  """The same ps task serves a second job (fresh model_dir): its chief drains what the first
+  left (RunStartHook, before the sync optimizer's chief init) and it trains exactly."""
+  run = switched_on
+  audit = read_audit(run.second_dir)
+  assert [(line["epoch"], line["global_step"]) for line in audit] == [(0, max(ON_SHARDS))]
+  zeros = {"w": np.zeros_like(run.stock_params["w"]), "b": np.zeros(())}
+  _assert_params(audit[0]["checkpoint"], _lockstep(zeros, ON_SHARDS, 1),
+                 "of the second job != lockstep SGD from zeros")
+  assert "the ps-side queues and accumulators are clean" in run.second_chief_log
 
 
 @pytest.mark.cluster
