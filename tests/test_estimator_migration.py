@@ -237,9 +237,12 @@ def test_warm_start_settings_from_a_checkpoint_of_another_worker_count(switched_
   run = switched_on
   source = run.audit[-1]["checkpoint"]
   model_dir, shards = str(run.root / "warm"), (2, 1, 0)
-  _run_cluster(str(run.root / "logs-warm"), [
+  result = _run_cluster(str(run.root / "logs-warm"), [
       f"--model_dir={model_dir}", "--shard_batches=2,1,0", "--epochsync_num_epochs=2",
       f"--warm_start_from={source}", "--warm_start_vars=.*"], num_workers=3)
+  assert ("Warm start leaves out tf-epochsync's own state (it starts fresh): "
+          "epochsync_sync_0/completed_epochs, epochsync_sync_0/progress, "
+          "epochsync_sync_0/sync_step") in result.tasks["chief:0"].log
   audit = read_audit(model_dir)
   source_step = run.audit[-1]["global_step"]
   assert [(line["epoch"], line["global_step"]) for line in audit] == [
