@@ -129,7 +129,8 @@ class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive)
 
   It also restores checkpoints written without tf-epochsync (a stock job switched on) or with
   another worker count: every model variable is restored, tf-epochsync's own state starts
-  fresh, and one WARNING line says so (`hooks.restore`).
+  fresh, and one WARNING line says so (`hooks.restore`). As in stock, the scaffold's `init_fn`
+  (a warm start) runs only when there is no checkpoint to restore.
 
     creator = EpochSyncChiefSessionCreator(master=server.target, checkpoint_dir=model_dir,
                                            liveness=monitor_for(config))
