@@ -32,6 +32,7 @@ from tensorflow_estimator.python.estimator import util as estimator_util
 from estimator_ext import eval_log
 from estimator_ext import evaluator as evaluator_lib
 from estimator_ext import optimizer as optimizer_lib
+from estimator_ext import warm_start as warm_start_lib
 from estimator_ext.in_loop import InLoopEvaluation, StopAfterEpochHook
 from estimator_ext.run_config import EpochSyncRunConfig
 from hooks import liveness
@@ -336,7 +337,7 @@ def _finish_graph(estimator, spec, config, model_dir: str) -> None:
   warm_start = estimator._warm_start_settings
   if warm_start and not tf.train.latest_checkpoint(model_dir):
     logging.info("Warm-starting with WarmStartSettings: %s", warm_start)
-    _v1.train.warm_start(*warm_start)
+    _v1.train.warm_start(*warm_start_lib.without_epochsync_state(warm_start))
   if not any(x.op.name == "loss" for x in _v1.get_collection(_v1.GraphKeys.SUMMARIES)):
     _v1.summary.scalar("loss", spec.loss)
   _v1.add_to_collection(_v1.GraphKeys.LOSSES, spec.loss)

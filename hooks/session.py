@@ -129,7 +129,8 @@ class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive)
 
   It also restores checkpoints written without tf-epochsync (a stock job switched on) or with
   another worker count: every model variable is restored, tf-epochsync's own state starts
-  fresh, and one WARNING line says so (`hooks.restore`).
+  fresh, and one WARNING line says so (`hooks.restore`). As in stock, the scaffold's `init_fn`
+  (a warm start) runs only when there is no checkpoint to restore.
 
     creator = EpochSyncChiefSessionCreator(master=server.target, checkpoint_dir=model_dir,
                                            liveness=monitor_for(config))
@@ -164,12 +165,12 @@ class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive)
     # Built before the scaffold finalizes the graph. The session manager then initialises
     # everything as if there were no checkpoint, and the saver restores the model over it.
     saver = _v1.train.Saver(var_list=plan.restore, sharded=True, allow_empty=True)
-    hidden = self._checkpoint_dir, self._checkpoint_filename_with_path
-    self._checkpoint_dir = self._checkpoint_filename_with_path = None
-    try:
-      sess = super().create_session()
-    finally:
-      self._checkpoint_dir, self._checkpoint_filename_with_path = hidden
+    self._scaffold.finalize()
+    # As ChiefSessionCreator.create_session, without the checkpoint and without the scaffold's
+    # init_fn: stock runs init_fn (a warm start) only when there is no checkpoint to restore.
+    sess = self._get_session_manager().prepare_session(
+        self._master, saver=self._scaffold.saver, config=self._config,
+        init_op=self._scaffold.init_op, init_feed_dict=self._scaffold.init_feed_dict)
     saver.restore(sess, plan.checkpoint)
     restore_lib.log_plan(plan, completed_epochs_fresh=any(
         v.op.name.endswith("completed_epochs") for v in plan.fresh))

@@ -320,6 +320,38 @@ class TestTrainAndEvaluateErrors:
                                                            sync=False))
 
 
+def _sync_model_fn(features, labels, mode):
+  w = v1.get_variable("w", [2], initializer=v1.zeros_initializer())
+  loss = tf.reduce_mean(tf.square(tf.linalg.matvec(features, w) - labels))
+  optimizer = estimator_ext.sync_optimizer(v1.train.GradientDescentOptimizer(0.1))
+  train_op = optimizer.minimize(loss, global_step=v1.train.get_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+class TestTrainingHooks:
+
+  @pytest.mark.parametrize("task_type", ["chief", "worker"])
+  def test_the_run_start_comes_before_the_sync_optimizers_hook(self, monkeypatch, tmp_path,
+                                                                task_type):
+    """The chief's reset of the ps-side accumulators must not follow the sync hook's chief init:
+    it advances their step, and the first step's gradients were dropped (the job hung)."""
+    from estimator_ext import training
+    set_tf_config(monkeypatch, task_type)  # Builds the graph and hooks only: no server.
+    config = estimator_ext.EpochSyncRunConfig(str(tmp_path))
+    estimator = v1.estimator.Estimator(_sync_model_fn, config=config)
+    train_spec = tf.estimator.TrainSpec(_input_fn())
+    with tf.Graph().as_default() as g, g.device(estimator._device_fn):
+      epoch_input, spec, sync_opts = training._build_graph(estimator, train_spec, config, g,
+                                                           sync=True)
+      hooks, _, _ = training._session_hooks(estimator, train_spec,
+                                            tf.estimator.EvalSpec(_input_fn()), config,
+                                            epoch_input, spec, sync_opts)
+    kinds = [type(h).__name__ for h in hooks]
+    assert kinds[:2] == ["RunStartHook", "SafeSyncTokensHook"], kinds
+    assert kinds.count("RunStartHook") == 1 and kinds[-1] == "_EpochDriverHook"
+    assert kinds.index("WorkerDoneHook") < kinds.index("EpochBarrierHook")
+
+
 # --- the evaluator loop, with a fake Estimator and an injected clock ----------------------
 
 class _FakeEstimator:

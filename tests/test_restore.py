@@ -86,3 +86,20 @@ def test_a_missing_model_variable_still_fails_as_in_stock_tensorflow(tmp_path):
   creator = EpochSyncChiefSessionCreator(checkpoint_dir=str(tmp_path), task_name="chief:0")
   with pytest.raises(tf.errors.NotFoundError, match="new_layer"):
     v1.train.MonitoredSession(session_creator=creator)
+
+
+def test_a_stock_sync_replicas_checkpoint_is_a_stock_checkpoint(tmp_path):
+  """Stock SyncReplicasOptimizer saves nothing of its own (its local step is a local variable,
+  its queues and accumulators are no variables): switching on from it is switching on from a
+  stock checkpoint."""
+  with tf.Graph().as_default():
+    w, _, step, _ = _model()
+    opt = v1.train.SyncReplicasOptimizer(v1.train.GradientDescentOptimizer(0.1), 2, 2)
+    opt.minimize(tf.reduce_sum(w * w), global_step=step)
+    assert {v.op.name for v in v1.global_variables()} == {"w", "emb/part_0", "emb/part_1",
+                                                           "global_step"}
+    with v1.Session() as sess:
+      sess.run(v1.global_variables_initializer())
+      path = v1.train.Saver().save(sess, str(tmp_path / "model.ckpt"))
+  _, _, _, state = _model(num_workers=2)
+  assert restore_lib.restore_plan(path, v1.global_variables()).fresh == state

@@ -274,3 +274,102 @@ def test_trains_on_an_in_process_cluster_with_summaries(tmp_path):
     for event in v1.train.summary_iterator(path):
       tags.update(v.tag for v in event.summary.value)
   assert {"loss", "global_step/sec"} <= tags  # the stock summary and step-counter hooks work
+
+
+@pytest.fixture(scope="module")
+def servers():
+  """One ps and one worker server in this process for every job that uses them: a long-lived
+  ps, as on Kubernetes (each job's chief drains what the previous one left)."""
+  ps_addr, worker_addr = (f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
+  config = ClusterConfig({"worker": [worker_addr], "ps": [ps_addr]}, "worker", 0)
+  started = [tf.distribute.Server(config.cluster_spec(), job, 0) for job in ("ps", "worker")]
+  return config, started[1], started[0]  # the ps object too: it must outlive the jobs
+
+
+class TestScaffoldInitFn:
+  """A Scaffold(init_fn=...) warm start (the user's Saver of model variables, restoring another
+  run's checkpoint) on an in-process cluster: init_fn runs when checkpoint_dir holds no
+  checkpoint, and not when it holds one (a tf-epochsync or a stock one), as in stock."""
+
+  DATA = np.arange(10, dtype=np.float32)  # batches of 4: [0..3], [4..7], [8, 9]
+  LEARNING_RATE = 0.1
+
+  def _oracle(self, w, num_epochs):
+    """Lockstep SGD of mean((x - w)^2) over the batches, one worker."""
+    for _ in range(num_epochs):
+      for start in range(0, len(self.DATA), 4):
+        w -= self.LEARNING_RATE * 2.0 * (w - float(np.mean(self.DATA[start:start + 4])))
+    return w
+
+  def _job(self, servers, model_dir, source, num_epochs):
+    """One run of the user's job; returns (init_fn calls, final w, final global_step)."""
+    config, server = servers[:2]
+    calls = []
+    with tf.Graph().as_default():
+      with v1.device(v1.train.replica_device_setter(worker_device=config.job_device,
+                                                    cluster=config.cluster_spec())):
+        global_step = v1.train.get_or_create_global_step()
+        epoch_input = EpochInput(tf.data.Dataset.from_tensor_slices(self.DATA).batch(4),
+                                 num_epochs=num_epochs, task_name=config.task_name)
+        w = v1.get_variable("w", [], initializer=v1.zeros_initializer(), use_resource=False)
+        loss = tf.reduce_mean(tf.square(epoch_input.get_next() - w))
+        opt = WorkerDoneSyncReplicasOptimizer(v1.train.GradientDescentOptimizer(
+            self.LEARNING_RATE), replicas_to_aggregate=1, total_num_replicas=1, worker_id=0)
+        train_op = opt.minimize(loss, global_step=global_step)
+      warm = v1.train.Saver(var_list=[w])  # the model's variables, not the optimizer's state
+
+      def init_fn(scaffold, session):
+        del scaffold
+        calls.append(source)
+        warm.restore(session, source)
+
+      settings = EpochSyncSettings(num_epochs=num_epochs, startup_timeout_secs=30,
+                                   barrier_timeout_secs=30, step_timeout_secs=30,
+                                   warn_after_secs=10)
+      with monitored_training_session(
+          master=server.target, is_chief=True, checkpoint_dir=model_dir,
+          scaffold=v1.train.Scaffold(init_fn=init_fn), save_summaries_steps=None,
+          log_step_count_steps=0, epoch_input=epoch_input, settings=settings, cluster=config,
+          sync_optimizer=opt) as sess:
+        user_loop(sess, train_op, max_steps=20)
+      last = tf.train.latest_checkpoint(model_dir)
+      return calls, tf.train.load_variable(last, "w"), tf.train.load_variable(last, "global_step")
+
+  def _checkpoint(self, path, w_value, step=0):
+    """A stock job's checkpoint of w and global_step (no tf-epochsync state)."""
+    with tf.Graph().as_default():
+      w = v1.get_variable("w", [], initializer=v1.constant_initializer(w_value),
+                          use_resource=False)
+      step_var = v1.train.get_or_create_global_step()
+      with v1.Session() as sess:
+        sess.run(v1.global_variables_initializer())
+        sess.run(step_var.assign(step))
+        return v1.train.Saver([w, step_var]).save(sess, path)
+
+  def test_init_fn_warm_starts_a_fresh_model_dir_and_not_a_restart(self, servers, tmp_path):
+    source = self._checkpoint(str(tmp_path / "pretrained" / "model.ckpt"), 5.0)
+    model_dir = str(tmp_path / "model")
+    calls, w, step = self._job(servers, model_dir, source, num_epochs=2)
+    assert calls == [source]
+    np.testing.assert_allclose(w, self._oracle(5.0, 2), atol=1e-5)  # from 5.0, not from 0
+    assert step == 6
+    after_two = w
+    calls, w, step = self._job(servers, model_dir, source, num_epochs=3)  # a relaunch
+    assert calls == []  # the epoch checkpoint is restored instead, as in stock
+    np.testing.assert_allclose(w, self._oracle(after_two, 1), atol=1e-5)
+    assert step == 9 and [line["epoch"] for line in read_audit(model_dir)] == [0, 1, 2]
+    # What a tf-epochsync checkpoint holds beside the model (listed in docs/migration.md).
+    names = set(tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+                .get_variable_to_shape_map())
+    assert names == {"w", "global_step", "epochsync/completed_epochs", "epochsync/done_epochs",
+                     "epochsync/arrived_barrier", "worker_done_sync_replicas/progress",
+                     "worker_done_sync_replicas/completed_epochs"}
+
+  def test_a_stock_checkpoint_in_model_dir_wins_over_init_fn(self, servers, tmp_path):
+    source = self._checkpoint(str(tmp_path / "pretrained" / "model.ckpt"), 5.0)
+    model_dir = str(tmp_path / "model")
+    self._checkpoint(os.path.join(model_dir, "model.ckpt-4"), 7.0, step=4)
+    calls, w, step = self._job(servers, model_dir, source, num_epochs=1)
+    assert calls == []  # stock: init_fn runs only without a checkpoint
+    np.testing.assert_allclose(w, self._oracle(7.0, 1), atol=1e-5)  # the stock checkpoint's
+    assert step == 4 + 3

@@ -7,6 +7,9 @@ them. Every task writes <model_dir>/summary-<task>.json with what train_and_eval
   --model=wide_deep   a canned DNNLinearCombinedRegressor (two optimizers in one step, the head
                       increments global_step): an id column, its embedding partitioned over 2 ps
   --early_stopping_patience=1 --early_stopping_min_delta=0.1   in-loop evaluation, early stop
+  --warm_start_from=<checkpoint> [--warm_start_vars=.*]   tf.estimator.WarmStartSettings: a
+                      list of scopes over GLOBAL_VARIABLES (as stock); without the flag, the
+                      default regex over TRAINABLE_VARIABLES
 """
 
 import json
@@ -25,6 +28,9 @@ _MODEL = flags.DEFINE_enum("model", "linear", ["linear", "wide_deep"], "Which Es
 _PATIENCE = flags.DEFINE_integer("early_stopping_patience", 0, "0: no early stopping.")
 _MIN_DELTA = flags.DEFINE_float("early_stopping_min_delta", 0.0, "EarlyStopping(min_delta).")
 _IN_LOOP = flags.DEFINE_bool("in_loop_eval", False, "The chief evaluates every epoch.")
+_WARM_FROM = flags.DEFINE_string("warm_start_from", None, "WarmStartSettings' checkpoint.")
+_WARM_VARS = flags.DEFINE_list("warm_start_vars", None, "WarmStartSettings' vars_to_warm_start "
+                               "as a list of scopes; default: the stock regex '.*'.")
 
 FLAGS = flags.FLAGS
 VOCAB, EMBEDDING_DIM, BATCH_SIZE = 20, 4, 8
@@ -67,8 +73,13 @@ def main(argv):
   config = estimator_ext.EpochSyncRunConfig(
       FLAGS.model_dir, early_stopping=stopping,
       in_loop_eval=_IN_LOOP.value or None)
+  warm_start = None
+  if _WARM_FROM.value:
+    warm_start = tf.estimator.WarmStartSettings(
+        _WARM_FROM.value, vars_to_warm_start=_WARM_VARS.value if _WARM_VARS.value else ".*")
   if _MODEL.value == "linear":
-    estimator = tf.compat.v1.estimator.Estimator(estimator_train.model_fn, config=config)
+    estimator = tf.compat.v1.estimator.Estimator(estimator_train.model_fn, config=config,
+                                                 warm_start_from=warm_start)
     train_input_fn, eval_input_fn = estimator_train.train_input_fn, estimator_train.eval_input_fn
   else:
     estimator = wide_deep(config)
