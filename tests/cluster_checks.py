@@ -1,10 +1,19 @@
-"""Checks shared by the cluster tests: checkpoint values, task summaries, the numpy oracle."""
+"""Checks shared by the cluster tests: checkpoint values, task summaries, the exact audit, the
+numpy oracle.
+
+They read what a finished job of tests/tasks/epoch_task.py (examples.train) left in its
+model_dir; `context` (where given) prefixes every failure message (the matrix puts its seed
+there).
+"""
 
 import glob
 import json
 import os
+from typing import Sequence
 
 import numpy as np
+
+from hooks.audit import read_audit
 
 
 def checkpoint_value(prefix: str, name: str):
@@ -22,8 +31,41 @@ def summaries(model_dir: str) -> dict:
   return out
 
 
+def assert_audit_exact(model_dir: str, names: Sequence[str], shards: Sequence[int],
+                       num_epochs: int, sync: bool, context: str = "", batch: int = 8) -> list:
+  """Every epoch's audit line and checkpoint: each worker's batches and examples, the step.
+
+  Returns the audit lines.
+  """
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == list(range(num_epochs)), (
+      f"{context}epochs in the audit: {[line['epoch'] for line in audit]}")
+  # Synchronous: one global step per step of the longest shard; asynchronous: one per batch.
+  steps = max(shards) if sync else sum(shards)
+  for line in audit:
+    e = line["epoch"]
+    got = {w: (s["batches"], s["examples"]) for w, s in line["workers"].items()}
+    want = {w: (n, batch * n) for w, n in zip(names, shards)}
+    assert got == want, f"{context}epoch {e}: (batches, examples) {got} != {want}"
+    assert line["global_step"] == steps * (e + 1), (
+        f"{context}epoch {e}: global_step {line['global_step']} != {steps * (e + 1)}")
+    ckpt = line["checkpoint"]
+    assert os.path.basename(ckpt) == f"model.ckpt-epoch{e:04d}-{steps * (e + 1)}", (
+        f"{context}{ckpt}")
+    done = list(checkpoint_value(ckpt, "epochsync/done_epochs"))
+    assert done == [e + 1] * len(names), f"{context}epoch {e}: done_epochs {done}"
+    assert checkpoint_value(ckpt, "global_step") == steps * (e + 1), (
+        f"{context}epoch {e}: the checkpoint's global_step")
+    assert checkpoint_value(ckpt, "epochsync/completed_epochs") == e + 1, (
+        f"{context}epoch {e}: the checkpoint's completed_epochs")
+  checkpoints = glob.glob(os.path.join(model_dir, "model.ckpt-epoch*.index"))
+  assert len(checkpoints) == num_epochs, f"{context}{len(checkpoints)} epoch checkpoints"
+  return audit
+
+
 def assert_equals_oracle(checkpoint: str, model: str, shards, num_epochs: int,
-                         batch: int = 8, features: int = 16, learning_rate: float = 0.05):
+                         batch: int = 8, features: int = 16, learning_rate: float = 0.05,
+                         context: str = ""):
   """The checkpoint's parameters are those of lockstep synchronous SGD (numpy, float64)."""
   from examples import train  # pylint: disable=g-import-not-at-top
   from hooks.testing import oracle  # pylint: disable=g-import-not-at-top
@@ -36,7 +78,8 @@ def assert_equals_oracle(checkpoint: str, model: str, shards, num_epochs: int,
     start, gradients = {"w": np.zeros(features), "b": np.zeros(())}, oracle.linear_mse_gradients
   expected, steps = oracle.lockstep_sgd(start, batches, gradients, learning_rate=learning_rate,
                                         num_epochs=num_epochs)
-  assert checkpoint_value(checkpoint, "global_step") == steps
+  got_steps = checkpoint_value(checkpoint, "global_step")
+  assert got_steps == steps, f"{context}global_step {got_steps} != the oracle's {steps}"
   for name, value in expected.items():
     np.testing.assert_allclose(checkpoint_value(checkpoint, name), value, atol=1e-5,
-                               err_msg=f"{name} differs from lockstep synchronous SGD")
+                               err_msg=f"{context}{name} differs from lockstep synchronous SGD")

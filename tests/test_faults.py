@@ -1,10 +1,12 @@
-"""Fault tests on real clusters: a dead task is named by every survivor within seconds.
+"""Fault tests on real clusters: a dead task is named by every survivor within seconds, a slow
+one is waited for without a false alarm.
 
 The jobs run with the default timeouts (step 600 s, barrier 1800 s, start-up 600 s): a task
 that is gone must be known as gone through liveness probes, not through a timeout.
 """
 
 import os
+import re
 import sys
 import time
 
@@ -12,6 +14,7 @@ import pytest
 
 from hooks.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
+from cluster_checks import assert_equals_oracle
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -95,3 +98,65 @@ def test_a_ps_that_never_comes_up_fails_startup_naming_it(tmp_path):
     assert task.returncode not in (0, None) and not task.timed_out, task.tail()
     assert task.ended_at - start < 5 + 20  # its own 5 s deadline, plus the processes' start
     assert "StartupTimeoutError" in task.log and "ps:1 never came up" in task.log, task.tail()
+
+
+SLOW_STEP_SECS, SLOWDOWN, SLOW_BATCHES = 0.25, 5, 4  # worker:2 sleeps 1.25 s per step, others 0.25
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_5x_slower_worker_is_waited_for_and_named_without_a_false_alarm(tmp_path, sync):
+  """Default timeouts, liveness probes on: the epoch completes, the wait is where it should be.
+
+  Asynchronous: the fast workers finish their shard first and wait at the epoch_end barrier
+  about the slow one's extra time, logging every second that worker:2 is missing. Synchronous:
+  every step waits for worker:2's gradient, so the fast workers' epochs take as long as the
+  slow one's, they wait at the barrier only its last step's extra sleep, and their steps warn
+  that worker:2 is missing. Nobody raises TaskDiedError or a timeout.
+  """
+  model_dir = str(tmp_path / "model")
+  shards = [SLOW_BATCHES] * 3
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=" + ",".join(map(str, shards)),
+                    "--epochsync_num_epochs=2", f"--epochsync_sync={sync}",
+                    f"--step_sleep_secs={SLOW_STEP_SECS}", "--epochsync_log_every_secs=1",
+                    "--epochsync_warn_after_secs=0.5"]  # logging only; the timeouts are default
+  with LocalCluster(num_workers=3, timeout_secs=120, log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(command, per_task_args={"worker:2": [f"--slowdown={SLOWDOWN}"]})
+    result = cluster.wait()
+  result.check()
+  for task in result.tasks.values():
+    for alarm in ("TaskDiedError", "StepTimeoutError", "BarrierTimeoutError", "Traceback"):
+      assert alarm not in task.log, f"{task.name}: false alarm {alarm}:\n{task.tail(30)}"
+
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1]
+  slow_extra = SLOW_STEP_SECS * (SLOWDOWN - 1)  # per step
+  for line in audit:
+    workers = line["workers"]
+    assert {w: s["batches"] for w, s in workers.items()} == dict.fromkeys(workers, SLOW_BATCHES)
+    waits = {w: s["barrier_wait_secs"] for w, s in workers.items()}
+    assert waits["worker:2"] < 1.0, f"the slow worker waited at the barrier: {waits}"
+    # Async: the slow worker's whole extra epoch time; sync: only its last step's extra sleep
+    # (every earlier step already waited for it).
+    expected = slow_extra * (1 if sync else SLOW_BATCHES)
+    for fast in ("worker:0", "worker:1"):
+      assert 0.5 * expected <= waits[fast] <= expected + 3.0, (
+          f"epoch {line['epoch']}: {fast} waited {waits[fast]} s at the barrier, expected about "
+          f"{expected} s: {waits}")
+      if sync:  # paced by the slow worker's steps
+        took = workers[fast]["arrived_at"] - workers[fast]["started_at"]
+        assert took >= (SLOW_BATCHES - 1) * SLOW_STEP_SECS * SLOWDOWN, (fast, took)
+
+  for fast in ("worker:0", "worker:1"):
+    log = result.tasks[fast].log
+    if sync:
+      pattern = (rf"{fast} has waited \d+ s for step \d+: 2/3 workers sent their gradient; "
+                 r"missing worker:2 \(check its log")
+      assert re.search(pattern, log), result.tasks[fast].tail(30)
+    else:
+      for epoch in (0, 1):
+        pattern = (rf"{fast} still waiting at epoch_end, epoch {epoch}, after \d+ s: 2/3 "
+                   r"arrived; missing worker:2$")
+        assert re.search(pattern, log, re.MULTILINE), result.tasks[fast].tail(30)
+  if sync:
+    assert_equals_oracle(audit[-1]["checkpoint"], "linear", shards, 2)

@@ -1,6 +1,7 @@
 """Cluster test task: examples.train plus injected faults (slow steps, a stalled worker).
 
   --step_sleep_secs=0.2             every step sleeps (so a test can kill mid-epoch)
+  --slowdown=5                      this task's steps sleep 5x --step_sleep_secs (per task)
   --stall_worker=2 --stall_epoch=1  worker id 2 never reaches the barrier of epoch 1
   --chief_init_delay_secs=3         the chief creates its session (initialises) 3 s late, its
                                     server already up: every worker asks for the model first
@@ -18,6 +19,9 @@ from examples import train
 from hooks.epoch_input import EpochListener
 
 _STEP_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.0, "Sleep after every step.")
+_SLOWDOWN = flags.DEFINE_float("slowdown", 1.0, "This task's steps sleep this many times "
+                                "--step_sleep_secs (give it to one task: a slow worker).",
+                                lower_bound=0.0)
 _STALL_WORKER = flags.DEFINE_integer("stall_worker", -1, "Worker id that stalls.")
 _STALL_EPOCH = flags.DEFINE_integer("stall_epoch", 0, "Epoch at whose end it stalls.")
 _CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
@@ -27,7 +31,7 @@ _CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
 class _SlowSteps(tf.compat.v1.train.SessionRunHook):
 
   def after_run(self, run_context, run_values):
-    time.sleep(_STEP_SLEEP.value)
+    time.sleep(_STEP_SLEEP.value * _SLOWDOWN.value)
 
 
 class _Stall(EpochListener):
