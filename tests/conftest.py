@@ -1,4 +1,5 @@
-"""Shared fixtures: the project root on sys.path, absl flag parsing, the --stress-runs option."""
+"""Shared fixtures: the project root on sys.path, absl flag parsing, the --stress-runs and
+--matrix-seeds options."""
 
 import os
 import sys
@@ -15,12 +16,19 @@ def pytest_addoption(parser):
       "--stress-runs", type=int, default=1, metavar="N",
       help="How many times each barrier stress test runs its job (default 1; e.g. "
            "./es test tests/test_barrier_stress.py --stress-runs=10).")
+  parser.addoption(
+      "--matrix-seeds", type=int, default=2, metavar="N",
+      help="The randomized cluster matrix runs seeds 0..N-1, each synchronous and asynchronous "
+           "(default 2; e.g. ./es test tests/test_matrix.py --matrix-seeds=10).")
 
 
 def pytest_generate_tests(metafunc):
   if "stress_run" in metafunc.fixturenames:
     runs = max(1, metafunc.config.getoption("--stress-runs"))
     metafunc.parametrize("stress_run", range(runs), ids=[f"run{i}" for i in range(runs)])
+  if "matrix_seed" in metafunc.fixturenames:
+    seeds = max(1, metafunc.config.getoption("--matrix-seeds"))
+    metafunc.parametrize("matrix_seed", range(seeds), ids=[f"seed{i}" for i in range(seeds)])
 
 
 @pytest.fixture
