@@ -8,7 +8,7 @@ Typical usage:
   # WorkerDoneHook runs every op in DONE_OPS once per epoch, when this worker's shard ends.
 """
 
-__all__ = ["DONE_OPS", "EPOCH_START_OPS", "RESET_OPS", "STATE_VARIABLES"]
+__all__ = ["DONE_OPS", "EPOCH_START_OPS", "RESET_OPS", "STATE_VARIABLES", "SYNC_TRAIN_OPS"]
 
 # Ops each worker runs once per epoch right after its shard for the epoch is exhausted
 # (immediately at epoch start for an empty shard), before it arrives at the epoch barrier.
@@ -27,3 +27,7 @@ RESET_OPS = "epochsync_reset_ops"
 # counters). A checkpoint that lacks them (written by a stock job) or holds them with another
 # worker count still restores: the chief restores every model variable and starts these fresh.
 STATE_VARIABLES = "epochsync_state_variables"
+
+# The train_op of every WorkerDoneSyncReplicasOptimizer in the graph: EpochInput.hook refuses a
+# session that runs one without its SafeSyncTokensHook (the step would wait forever).
+SYNC_TRAIN_OPS = "epochsync_sync_train_ops"

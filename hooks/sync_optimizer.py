@@ -53,7 +53,7 @@ class SyncOps:
   train_op: tf.Tensor              # Every worker, once per step: returns the new local_step.
   done_op: tf.Operation            # Every worker, once per epoch after its last step (DONE_OPS).
   refresh_local_step_op: tf.Operation  # Every worker, at every epoch start (EPOCH_START_OPS).
-  local_step_init_op: tf.Tensor    # Every worker, after its session is created.
+  local_step_init_op: tf.Operation  # Every worker's SafeSyncTokensHook, at session creation.
   chief_init_op: tf.Operation      # The chief, before aggregating.
   aggregate_op: Tuple[tf.Tensor, ...]  # The chief, in a loop: (#GRAD, #DONE, epochs, stopped).
   stop_op: tf.Operation            # The chief: num_workers STOP markers end the loop cleanly.
@@ -198,6 +198,16 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     with _v1.get_default_graph().colocate_with(local_anchor):  # Keeps it off the ps tasks.
       local_step = _v1.Variable(0, trainable=False, dtype=gs_dtype, name=f"{self._name}_local_step",
                                 collections=[_v1.GraphKeys.LOCAL_VARIABLES])
+      # Set only by SafeSyncTokensHook (local_step_init_op): without the hook no task aggregates,
+      # so a step fails here at once instead of waiting for its token forever.
+      hook_began = _v1.Variable(False, trainable=False, name=f"{self._name}_hook_began",
+                                collections=[_v1.GraphKeys.LOCAL_VARIABLES])
+      guard = tf.debugging.Assert(hook_began, [
+          f"{self._name}: train_op ran in a session without its SafeSyncTokensHook: no task "
+          "aggregates the gradients, so the step would wait for its token forever. Pass "
+          "opt.make_session_run_hook(is_chief, num_tokens=0) in the hooks of every task"])
+      with tf.control_dependencies([guard]):
+        checked_step = tf.identity(local_step)  # Every gradient apply reads it.
     with tf.name_scope(self._name), tf.device(dev):
       markers = tf.queue.FIFOQueue(-1, [tf.int32, tf.int32, tf.int64], shapes=[(), (), ()],
                                    name="marker_q", shared_name=f"{self._name}/marker_q")
@@ -222,11 +232,11 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
           if isinstance(grad, tf.IndexedSlices):
             accum = _v1.SparseConditionalAccumulator(grad.dtype, var.shape, shared_name=shared,
                                                      reduction_type="SUM")
-            applies.append(accum.apply_indexed_slices_grad(_dedupe(grad), local_step))
+            applies.append(accum.apply_indexed_slices_grad(_dedupe(grad), checked_step))
           else:
             accum = _v1.ConditionalAccumulator(grad.dtype, var.shape, shared_name=shared,
                                                reduction_type="SUM")
-            applies.append(accum.apply_grad(grad, local_step))
+            applies.append(accum.apply_grad(grad, checked_step))
         accums.append((accum, var))
 
       def _mark(kind: int, step_record):
@@ -241,6 +251,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       train_op = local_step.assign(token, name=name or "train_op")
       done_op = tf.group(*_mark(DONE, tf.constant(_PROGRESS_DONE, tf.int64)), name="done")
       local_step_init = local_step.assign(step)
+      hook_started = tf.group(local_step_init, hook_began.assign(True), name="hook_started")
       with tf.device(dev):
         active = _v1.scatter_update(progress, [wid], [tf.constant(_PROGRESS_ACTIVE, tf.int64)])
       refresh = tf.group(local_step_init, active, name="refresh_local_step")
@@ -260,7 +271,8 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     for var in [progress, completed_epochs] + ([step] if step is not global_step else []):
       _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)
     _v1.add_to_collection(graph_keys.EPOCH_START_OPS, refresh)
-    self.sync_ops = SyncOps(train_op, done_op, refresh, local_step_init, chief_init, aggregate,
+    _v1.add_to_collection(graph_keys.SYNC_TRAIN_OPS, train_op)
+    self.sync_ops = SyncOps(train_op, done_op, refresh, hook_started, chief_init, aggregate,
                             stop, close, diagnostics, completed_epochs, step, abort_step)
     return train_op
 
