@@ -17,8 +17,9 @@ from typing import Dict, Optional, Sequence
 from absl import logging
 import tensorflow as tf
 
+from hooks import preflight
 from hooks.barrier import EpochBarrierHook
-from hooks.errors import ConfigError
+from hooks.errors import ConfigError, raise_if_problems
 
 __all__ = ["ChiefSaveAfterBarrierHook", "epoch_checkpoint_prefix"]
 
@@ -53,7 +54,8 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
       TensorBoard once the session exists, and a `.meta` file with every checkpoint.
 
   Raises:
-    ConfigError: if `barrier` is not the chief's or `checkpoint_dir` is empty.
+    ConfigError: if `barrier` is not the chief's or `checkpoint_dir` is empty; in `begin()`, if
+      the chief cannot create `checkpoint_dir` or write into it.
   """
 
   def __init__(self, barrier: EpochBarrierHook, checkpoint_dir: str,
@@ -66,6 +68,7 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
       raise ConfigError(f"ChiefSaveAfterBarrierHook runs on the chief only, but the barrier is "
                         f"{barrier.task_name}'s; add it to chief_only_hooks")
     self._dir, self._basename = checkpoint_dir, checkpoint_basename
+    self._task_name = barrier.task_name
     self._saver, self._listeners = saver, list(listeners)
     self._save_graph_def = bool(save_graph_def)
     self.saved: Dict[int, str] = {}
@@ -76,6 +79,8 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
     if self._global_step is None:
       raise RuntimeError("ChiefSaveAfterBarrierHook needs a global step: call "
                          "tf.compat.v1.train.get_or_create_global_step() when building the model")
+    raise_if_problems(preflight.writable_dir_problems(self._dir, self._task_name),
+                      f"checkpoint directory of {self._task_name}")
     for listener in self._listeners:
       listener.begin()
 

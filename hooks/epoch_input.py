@@ -26,11 +26,13 @@ from absl import logging
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks.errors import ConfigError, EpochIncompleteError
+from hooks import preflight
+from hooks.errors import ConfigError, EpochIncompleteError, raise_if_problems
 
 __all__ = ["EpochInput", "EpochListener", "EpochStats"]
 
 _v1 = tf.compat.v1
+_RUN_TIMEOUT_MS = 60_000  # The cardinality read: a local op that inspects the pipeline only.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +87,10 @@ class EpochInput:
     task_name: `str`, e.g. "worker:1", used in logs.
 
   Raises:
-    ConfigError: if `num_epochs` < 1 or `dataset` is not a tf.data.Dataset.
+    ConfigError: if `num_epochs` < 1 or `dataset` is not a tf.data.Dataset; from the hook, before
+      any step: the session's hooks hold a StopAtStepHook or a CheckpointSaverHook, or lack the
+      SafeSyncTokensHook of a WorkerDoneSyncReplicasOptimizer (`begin()`), or the dataset is
+      infinite (tf.data cardinality INFINITE, when the session is created).
   """
 
   def __init__(self, dataset: tf.data.Dataset, num_epochs: int, task_name: str = "worker"):
@@ -104,7 +109,7 @@ class EpochInput:
     self._spec = dataset.element_spec
     flat_spec = tf.nest.flatten(self._spec)
     with tf.name_scope("epochsync_input"):
-      self._cardinality = dataset.cardinality()
+      self._cardinality = dataset.cardinality()  # INFINITE is refused at session creation
       self._iterator = _v1.data.make_initializable_iterator(dataset)
       self._buffer = _v1.FIFOQueue(2, [s.dtype for s in flat_spec], name="buffer")
       self._preload = self._refill()
@@ -211,8 +216,21 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
     self._graph = _v1.get_default_graph()
     self._start_ops = [self._input._iterator.initializer, self._input._set_epoch] + (
         _v1.get_collection(graph_keys.EPOCH_START_OPS))
+    name = self._input.task_name
+    hooks = preflight.hooks_of_calling_session(self)
+    if hooks is None:
+      logging.warning("%s: could not see the session's hooks, so a StopAtStepHook, a "
+                      "CheckpointSaverHook or a missing SafeSyncTokensHook is not refused "
+                      "before the first step", name)
+    else:
+      raise_if_problems(preflight.session_hooks_problems(hooks, name), f"session hooks of {name}")
 
   def after_create_session(self, session, coord):
+    name = self._input.task_name
+    cardinality = session.run(self._input._cardinality, options=_v1.RunOptions(
+        timeout_in_ms=_RUN_TIMEOUT_MS))
+    raise_if_problems(preflight.finite_dataset_problems(cardinality, name),
+                      f"dataset of {name}")
     listeners = self._input.listeners
     start = max([s for s in (l.start_epoch(session) for l in listeners) if s is not None],
                 default=0)

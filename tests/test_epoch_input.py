@@ -61,6 +61,18 @@ class _ReadAtEnd(v1.train.SessionRunHook):
     self.values = session.run(self._fetches)
 
 
+class _StopAfter(v1.train.SessionRunHook):
+  """Requests a stop after `steps` runs, as a step limit of the user's own would."""
+
+  def __init__(self, steps):
+    self._left = steps
+
+  def after_run(self, run_context, run_values):
+    self._left -= 1
+    if self._left <= 0:
+      run_context.request_stop()
+
+
 def test_exports():
   assert sorted(epoch_input_lib.__all__) == ["EpochInput", "EpochListener", "EpochStats"]
 
@@ -358,9 +370,9 @@ class TestEpochIncomplete:
       with v1.train.MonitoredSession(hooks=[epoch_input.hook]):
         pass
 
-  def test_a_step_limit_hook_is_named_as_a_likely_cause(self):
+  def test_a_stop_requested_by_another_hook_is_named_as_a_likely_cause(self):
     epoch_input, train_op, _, _ = _model(num_epochs=3)
-    hooks = [v1.train.StopAtStepHook(last_step=5), epoch_input.hook]
+    hooks = [_StopAfter(5), epoch_input.hook]  # a StopAtStepHook is refused at begin()
     with pytest.raises(EpochIncompleteError, match=r"epoch 1 of 3 .*max_steps/StopAtStepHook"):
       _train(hooks, train_op)
 
