@@ -91,6 +91,7 @@ def test_random_shards_never_hang_and_stay_exact(tmp_path, matrix_seed, sync):
   audit = assert_audit_exact(model_dir, cluster.training_task_names, draw.shards, NUM_EPOCHS,
                              sync, context)
   if sync:
-    assert_equals_oracle(audit[-1]["checkpoint"], "linear", draw.shards, NUM_EPOCHS, context)
+    assert_equals_oracle(audit[-1]["checkpoint"], "linear", draw.shards, NUM_EPOCHS,
+                         context=context)
   for task in result.tasks.values():
     assert "Traceback" not in task.log, f"{context}{task.name} logged a traceback:\n{task.tail()}"

@@ -384,7 +384,7 @@ class TestResetOp:
       with v1.Session() as sess:
         sess.run(v1.global_variables_initializer())
         sess.run(v1.local_variables_initializer())
-        sess.run(ops.chief_init_op)
+        sess.run([ops.local_step_init_op, ops.chief_init_op])  # as SafeSyncTokensHook does
         # An earlier run that died mid-step: gradients applied, a marker, a stray token.
         sess.run([ops.done_op, ops.abort_step_op])
         applied = [op for op in graph.get_operations() if op.type.endswith(
