@@ -17,18 +17,22 @@ def pytest_addoption(parser):
       help="How many times each barrier stress test runs its job (default 1; e.g. "
            "./es test tests/test_barrier_stress.py --stress-runs=10).")
   parser.addoption(
-      "--matrix-seeds", type=int, default=2, metavar="N",
+      "--matrix-seeds", type=int, default=None, metavar="N",
       help="The randomized cluster matrix runs seeds 0..N-1, each synchronous and asynchronous "
-           "(default 2; e.g. ./es test tests/test_matrix.py --matrix-seeds=10).")
+           "(default: seed 0 synchronous and seed 1 asynchronous, i.e. both cluster layouts and "
+           "both modes; e.g. ./es test tests/test_matrix.py --matrix-seeds=10).")
 
 
 def pytest_generate_tests(metafunc):
   if "stress_run" in metafunc.fixturenames:
     runs = max(1, metafunc.config.getoption("--stress-runs"))
     metafunc.parametrize("stress_run", range(runs), ids=[f"run{i}" for i in range(runs)])
-  if "matrix_seed" in metafunc.fixturenames:
-    seeds = max(1, metafunc.config.getoption("--matrix-seeds"))
-    metafunc.parametrize("matrix_seed", range(seeds), ids=[f"seed{i}" for i in range(seeds)])
+  if "matrix_case" in metafunc.fixturenames:
+    seeds = metafunc.config.getoption("--matrix-seeds")
+    cases = ([(0, True), (1, False)] if seeds is None else
+             [(seed, sync) for seed in range(max(1, seeds)) for sync in (True, False)])
+    metafunc.parametrize("matrix_case", cases, ids=[
+        f"seed{seed}-{'sync' if sync else 'async'}" for seed, sync in cases])
 
 
 @pytest.fixture
