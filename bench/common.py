@@ -20,10 +20,44 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from hooks.testing.local_cluster import LocalCluster
 
-__all__ = ["run_tasks", "CpuSampler", "summary", "paired", "load_average", "write_results", "plt",
+__all__ = ["run_tasks", "CpuSampler", "MLP_SIZES", "shard_batches", "generated_batches", "summary", "paired", "load_average", "write_results", "plt",
            "RESULTS_DIR"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# MLP size preset -> (width, hidden): 2 * width * hidden + width + hidden parameters.
+MLP_SIZES = {"0.1M": (128, 384), "1M": (512, 1024), "10M": (1024, 4864)}
+
+
+def generated_batches(num_batches, batch_size: int, width: int, seed: int, autotune: bool = True):
+  """A tf.data pipeline of `num_batches` (an int or int64 tensor) batches (x, x) of normal noise.
+
+  Generated per batch from (seed, batch index), like a pipeline that reads files: no arrays
+  embedded in the graph, so re-initialising it each epoch costs what tf.data itself costs
+  (with autotune on, stopping the previous iterator's autotuning thread: ~5..300 ms here).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top; bench tasks only
+
+  def batch(i):
+    x = tf.random.stateless_normal([batch_size, width], tf.stack([tf.cast(seed, tf.int64), i]))
+    return x, x
+
+  dataset = tf.data.Dataset.range(tf.cast(num_batches, tf.int64)).map(batch)
+  if not autotune:
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    dataset = dataset.with_options(options)
+  return dataset
+
+
+def shard_batches(skew: float, num_workers: int, mean: int) -> List[int]:
+  """Batches of each shard: mean * (1 + skew * (2i / (N-1) - 1)); the largest is (1+skew) x mean.
+
+  The total is N * mean (rounding aside): skew 0.6 with mean 40 gives 16, 32, 48, 64.
+  """
+  if num_workers == 1:
+    return [mean]
+  return [int(round(mean * (1 + skew * (2 * i / (num_workers - 1) - 1))))
+          for i in range(num_workers)]
 
 
 class CpuSampler:

@@ -27,17 +27,16 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from bench.common import MLP_SIZES
 from hooks import flags as epochsync_flags
 from hooks import session as session_lib
 from hooks.epoch_input import EpochInput
 from hooks.epoch_sync import epoch_sync_hooks
 from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
 
-__all__ = ["VARIANTS", "MLP_SIZES"]
+__all__ = ["VARIANTS"]
 
 VARIANTS = ("stock", "ours", "ours-bare", "async", "async-hooks")
-# --params preset -> (width, hidden): 2 * width * hidden + width + hidden parameters.
-MLP_SIZES = {"0.1M": (128, 384), "1M": (512, 1024), "10M": (1024, 4864)}
 
 _VARIANT = flags.DEFINE_enum("variant", "ours", VARIANTS, "What to run (see the module doc).")
 _MODEL = flags.DEFINE_enum("model", "mlp", ["mlp", "ctr"], "mlp (dense) or ctr (sparse).")
