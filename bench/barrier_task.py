@@ -32,9 +32,9 @@ from typing import Dict, List
 
 from absl import app
 from absl import flags
-import numpy as np
 import tensorflow as tf
 
+from bench.common import generated_batches
 from hooks import flags as epochsync_flags
 from hooks import liveness
 from hooks import session as session_lib
@@ -224,11 +224,6 @@ class _Switch(EpochListener):
     self.epochs.append(record)
 
 
-def _dataset(steps: int, seed: int) -> tf.data.Dataset:
-  x = np.random.default_rng(seed).normal(size=(steps * _BATCH, _WIDTH)).astype(np.float32)
-  return tf.data.Dataset.from_tensor_slices((x, x)).batch(_BATCH)
-
-
 def main(argv):
   del argv
   _v1.disable_v2_behavior()
@@ -243,8 +238,9 @@ def main(argv):
   with _v1.device(_v1.train.replica_device_setter(
       worker_device=config.job_device, cluster=config.cluster_spec())):
     global_step = _v1.train.get_or_create_global_step()
-    epoch_input = EpochInput(_dataset(_STRAGGLER_STEPS.value if straggler else 1, me),
-                             num_epochs, config.task_name)
+    epoch_input = EpochInput(
+        generated_batches(_STRAGGLER_STEPS.value if straggler else 1, _BATCH, _WIDTH, me),
+        num_epochs, config.task_name)
     x, y = epoch_input.get_next()
     h = _v1.layers.dense(x, _HIDDEN, activation=tf.nn.relu, name="hidden")
     loss = tf.reduce_mean(tf.square(_v1.layers.dense(h, _WIDTH, name="out") - y))
