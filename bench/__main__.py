@@ -1,6 +1,7 @@
 """`./es bench`: every benchmark of docs/benchmarks.md, results in bench/results/<name>-<date>.*
 
-  ./es bench                 the default suite (about 30 minutes on the project's 2-core machine)
+  ./es bench                 the default suite (measured 2026-11-22 at a load of ~10: step
+                             overhead 10 min, barrier 5, uneven 9, growth 3: about 27 minutes)
   ./es bench --full          + the 0.1M/10M MLPs, the CTR model, async with vs without the hooks,
                              start-up at 2/4/8 workers (about 40 minutes more)
   ./es bench --only=barrier  one of: step_overhead, barrier, uneven, growth, sizes, ctr, async,
@@ -19,8 +20,9 @@ _RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 # name -> (module, args); {out} is bench/results/<name>-<date> (no extension).
 _DEFAULT = {
-    "step_overhead": ("bench.step_overhead", ["--workers=2,4", "--repetitions=5",
-                                              "--output={out}.json", "--plot={out}.png"]),
+    "step_overhead": ("bench.step_overhead", ["--workers=2,4", "--repetitions=5", "--steps=80",
+                                              "--warmup=15", "--output={out}.json",
+                                              "--plot={out}.png"]),
     "barrier": ("bench.barrier", ["--workers=2,4,8", "--repetitions=5", "--output={out}.json",
                                   "--plot={out}.png"]),
     "uneven": ("bench.uneven", ["--repetitions=5", "--output={out}.json", "--plot={out}.png"]),
