@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# tf-epochsync's two entry points. Each installs what it needs into .venv on first use.
+# tf-epochsync's three entry points. Each installs what it needs into .venv on first use.
 #   ./es demo [flags]    the main job: a real 1 ps + 3 worker cluster on this machine
 #   ./es test [args]     the test suite (pytest args pass through, e.g. -m "not slow")
-#   ./es bench [args]    the step-overhead benchmark against stock SyncReplicasOptimizer
+#   ./es bench [args]    the benchmarks (docs/benchmarks.md): --full for all, --only=NAME for one
 set -euo pipefail
 cd "$(dirname "$0")"
 venv=.venv
@@ -29,6 +29,9 @@ cmd="${1:-}"
 case "$cmd" in
   demo)  ensure_venv; exec "$venv/bin/python" -m examples.local_cluster "$@" ;;
   test)  ensure_venv; exec "$venv/bin/python" -m pytest "$@" ;;
-  bench) ensure_venv; exec "$venv/bin/python" -m bench.step_overhead "$@" ;;
+  bench) ensure_venv
+         "$venv/bin/python" -c 'import matplotlib' 2>/dev/null ||
+           "$venv/bin/python" -m pip install -q -e '.[test,bench]' >&2
+         exec "$venv/bin/python" -m bench "$@" ;;
   *) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

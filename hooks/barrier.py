@@ -1,9 +1,10 @@
 """A reusable, bounded barrier on ps:0 at the start and at the end of every epoch.
 
-Each non-chief worker enqueues one arrival (its epoch statistics) into a queue on ps:0 and
-blocks on its own release queue; the chief takes every arrival with one blocking
+Each non-chief worker, in one run, enqueues one arrival (its epoch statistics) into a queue on
+ps:0 and blocks on its own release queue; the chief takes every arrival with one blocking
 `dequeue_many`, runs its chief actions (save the checkpoint), then releases everyone with one
-enqueue per worker. No task polls or sleeps, and no blocking dequeue is ever cancelled on the
+enqueue per worker. Without chief actions the gather's own run releases them, on the ps, the
+moment the last arrival is in. No task polls or sleeps, and no blocking dequeue is ever cancelled on the
 normal path: each runs in a thread of its own (`hooks.waiting.BackgroundRun`) while the
 waiting task logs who is still missing every `log_every_secs` (read from the idempotent
 `epochsync/arrived_barrier` variable) and enforces its deadline. Barriers are numbered (start
@@ -18,7 +19,7 @@ Typical usage:
 
 import dataclasses
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -139,14 +140,15 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._stats = _v1.placeholder(tf.int64, [2], "batches_examples")
       self._times = _v1.placeholder(tf.float64, [2], "started_ended_at")
       self._mark_arrived = _v1.scatter_update(self._arrived, [self.worker_id], [self._seq])
-      # A worker: one run enqueues its arrival and marks it; then it waits for its release.
-      self._arrive = tf.group(
+      # A worker: one run enqueues its arrival, marks it and then waits for its release.
+      arrive = tf.group(
           arrive_q.enqueue([tf.constant(self.worker_id), self._seq, self._stats[0],
                             self._stats[1], self._times[0], self._times[1],
                             tf.constant(self.num_workers, tf.int64),
                             tf.constant(epoch_input.num_epochs, tf.int64)]),
           self._mark_arrived)
-      self._wait_release = release_qs[self.worker_id].dequeue()
+      with tf.control_dependencies([arrive]):  # The enqueue never blocks; then the dequeue.
+        self._arrive_and_wait = tf.identity(release_qs[self.worker_id].dequeue())
       # The chief: one run marks it arrived, takes the n-1 arrivals and then (at an epoch's
       # end) stores the completed epoch, so that the chief actions' checkpoint holds it.
       self._new_completed = _v1.placeholder(tf.int64, [], "completed")
@@ -162,6 +164,24 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       with tf.control_dependencies([step]):
         release = tf.group(*[q.enqueue([self._release_value]) for q in release_qs[1:]])
       self._release = (release, step)
+      # Without chief actions the chief releases in the gather's own run, on the ps the moment
+      # the last arrival is in (no round trip through the chief): every arrival's seq, worker
+      # count and num_epochs match and the ids are exactly 1..n-1, or everyone is refused.
+      if n > 1:
+        ids, seqs, *_, counts, epochs = arrivals
+        agree = tf.reduce_all([
+            tf.reduce_all(tf.equal(seqs, self._seq)),
+            tf.reduce_all(tf.equal(counts, n)),
+            tf.reduce_all(tf.equal(epochs, epoch_input.num_epochs)),
+            tf.reduce_all(tf.equal(tf.sort(ids), tf.range(1, n, dtype=ids.dtype)))])
+        value = tf.where(agree, self._seq, tf.constant(_REFUSED, tf.int64))
+      else:
+        value = self._seq
+      with tf.control_dependencies([stored]):
+        gathered_step = tf.identity(step)
+      with tf.control_dependencies([gathered_step]):
+        released = tf.group(*[q.enqueue([value]) for q in release_qs[1:]])
+      self._gather_and_release = (arrivals, stored, released, gathered_step)
       # What an earlier run on this ps left behind (e.g. an abort release) is drained at start.
       drains = [q.dequeue_many(q.size()) for q in [arrive_q] + release_qs]
       _v1.add_to_collection(graph_keys.RESET_OPS, tf.group(
@@ -186,33 +206,41 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     wait = _Wait(barrier, seq, stats.epoch, time.monotonic(), timeout)
     logging.info("%s waiting at %s, epoch %d", self.task_name, barrier, stats.epoch)
     if self.is_chief:
-      arrivals = self._gather_arrivals(session, wait, stats)
-      fields = self._run_chief_actions(session, wait, arrivals)
-      _, step = self._run(session, self._release, {self._release_value: seq})
+      # Chief actions (a save) run between the gather and the release; without any, one run.
+      fold = barrier != "epoch_end" or not self._chief_actions
+      arrivals, step = self._gather_arrivals(session, wait, stats, release=fold)
+      fields = {} if fold else self._run_chief_actions(session, wait, arrivals)
+      if not fold:
+        _, step = self._run(session, self._release, {self._release_value: seq})
       if self._audit and barrier == "epoch_end":
         self._audit.write(stats.epoch, arrivals, time.time(), fields,
                           None if step < 0 else int(step))
     else:
-      self._run(session, self._arrive, {
-          self._seq: seq, self._stats: [stats.batches, stats.examples],
-          self._times: [stats.started_at, stats.ended_at]})
-      self._wait_for_release(session, wait)
+      self._arrive_and_wait_for_release(session, wait, stats)
     logging.info("%s passed %s, epoch %d, after %.3f s", self.task_name, barrier, stats.epoch,
                  time.monotonic() - wait.start)
     if barrier == "start" and self._liveness:  # Every task is up: note who answers as whom.
       self._liveness.probe(sorted(self._liveness.addresses))
 
-  def _gather_arrivals(self, session, wait: "_Wait", own: EpochStats) -> Dict[str, EpochStats]:
-    """The chief: every worker's EpochStats, from one blocking dequeue_many of n-1 arrivals."""
+  def _gather_arrivals(self, session, wait: "_Wait", own: EpochStats,
+                       release: bool) -> Tuple[Dict[str, EpochStats], int]:
+    """The chief: every worker's EpochStats, from one blocking dequeue_many of n-1 arrivals.
+
+    With `release`, the same run releases the workers (or refuses them, if they disagree).
+    Returns the arrivals and global_step (-1 if none) when they were gathered.
+    """
     completed = own.epoch + 1 if wait.barrier == "epoch_end" else 0
-    call = BackgroundRun(session, self._gather, wait.deadline,
+    call = BackgroundRun(session, self._gather_and_release if release else self._gather,
+                         wait.deadline,
                          feed_dict={self._seq: wait.seq, self._new_completed: completed},
                          name=f"epochsync-barrier-{wait.barrier}")
     if not self._wait(session, call, wait):
       self._abort(session)
       self._fail(wait, self._missing(session, wait.seq))
     try:
-      arrived, _ = self._result(call, wait)
+      arrived, step = self._result(call, wait)[0], -1
+      if release:
+        step = self._result(call, wait)[3]
     except Exception:
       self._abort(session)
       raise
@@ -237,11 +265,12 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       arrivals[name] = EpochStats(wait.epoch, int(batches), int(examples), float(started),
                                   float(ended))
     if problems:
-      self._abort(session, _REFUSED)
+      if not release:  # The folded run has refused them already.
+        self._abort(session, _REFUSED)
       message = f"{self.task_name} at {wait.barrier} of epoch {wait.epoch}: " + "; ".join(problems)
       logging.error("%s", message)
       raise ConfigError(message)
-    return arrivals
+    return arrivals, step
 
   def _run_chief_actions(self, session, wait: "_Wait", arrivals) -> Dict[str, object]:
     fields: Dict[str, object] = {}
@@ -263,9 +292,13 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       logging.error("%s could not release the workers with an abort: %s", self.task_name,
                     e.message)
 
-  def _wait_for_release(self, session, wait: "_Wait") -> None:
+  def _arrive_and_wait_for_release(self, session, wait: "_Wait", stats: EpochStats) -> None:
+    """A worker: one run enqueues its arrival (never blocks) and dequeues its release."""
     # The chief aborts at its own deadline at the latest; its abort needs a moment to arrive.
-    call = BackgroundRun(session, self._wait_release, wait.deadline + _ABORT_GRACE_SECS,
+    call = BackgroundRun(session, self._arrive_and_wait, wait.deadline + _ABORT_GRACE_SECS,
+                         feed_dict={self._seq: wait.seq,
+                                    self._stats: [stats.batches, stats.examples],
+                                    self._times: [stats.started_at, stats.ended_at]},
                          name=f"epochsync-barrier-{wait.barrier}")
     if not self._wait(session, call, wait):
       self._fail(wait, self._missing(session, wait.seq))

@@ -2,19 +2,25 @@
 
 Per step, with all queues on global_step's ps task (one marker queue, one token queue per worker):
 
-    worker i   apply_grad(grads, local_step) -> marker (i, GRAD, local_step) -> token_q[i].dequeue
+    worker i   marker (i, GRAD, local_step) | apply_grad(grads, local_step) -> token_q[i].dequeue
     worker i   at the end of its shard (DONE_OPS):  marker (i, DONE, local_step)
     chief      n = num_active; markers = dequeue_many(n); g = #GRAD; if g > 0: assert every GRAD
-               step == global_step, take_grad(g), mean, apply, global_step += 1, one token to each
-               GRAD sender; num_active = g, or num_workers when g == 0 (the epoch is over)
+               step == global_step, take_grad(g) of each variable, apply it as soon as it is
+               taken, global_step += 1, one token to each GRAD sender; num_active = g, or
+               num_workers when g == 0 (the epoch is over)
 
 Why dequeue_many(n) takes exactly one step's markers: each of the n active workers sends one
 marker per step; a worker sends its step s+1 marker only after its step-s token, which is
 enqueued only after all n step-s markers were dequeued; a DONE worker sends nothing more in the
 epoch, and the epoch barrier releases epoch e+1 only after every DONE of epoch e was enqueued
-(FIFO: they are dequeued first). take_grad(g) cannot block: each GRAD marker is enqueued after
-its gradients were applied, and a gradient whose local_step != global_step (silently dropped by
-the accumulator) fails the assert with the stale count instead of hanging.
+(FIFO: they are dequeued first). A GRAD marker is sent at the start of the worker's step, in
+the same run as its gradients, so the chief knows g before the gradients arrive and takes each
+variable's g gradients the moment they are in (as stock's take_grad(N) does): the update
+overlaps the workers' backward passes. A gradient whose local_step != global_step (silently
+dropped by the accumulator) fails the assert with the stale count instead of hanging. A worker
+that dies between its marker and its gradient leaves take_grad waiting: the workers' step
+timeout (or liveness probe) names it, and the chief's failing session does not wait for that
+run (its thread is a daemon the coordinator does not join).
 
 With own_step_counter=True the steps are numbered by the optimizer's own `<name>/sync_step`
 variable instead of global_step, so several optimizers can share one step (each aggregates the same
@@ -55,7 +61,7 @@ class SyncOps:
   refresh_local_step_op: tf.Operation  # Every worker, at every epoch start (EPOCH_START_OPS).
   local_step_init_op: tf.Operation  # Every worker's SafeSyncTokensHook, at session creation.
   chief_init_op: tf.Operation      # The chief, before aggregating.
-  aggregate_op: Tuple[tf.Tensor, ...]  # The chief, in a loop: (#GRAD, #DONE, epochs, stopped).
+  aggregate_op: tf.Tensor          # The chief, in a loop: [#GRAD, #DONE, epochs, stopped].
   stop_op: tf.Operation            # The chief: num_workers STOP markers end the loop cleanly.
   close_markers_op: tf.Operation   # The chief: fails a blocked aggregation (error paths).
   diagnostics: Tuple[tf.Tensor, tf.Tensor]  # (step, progress vector) for the watchdog.
@@ -233,9 +239,10 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
             accum = _v1.SparseConditionalAccumulator(grad.dtype, var.shape, shared_name=shared,
                                                      reduction_type="SUM")
             applies.append(accum.apply_indexed_slices_grad(_dedupe(grad), checked_step))
-          else:
-            accum = _v1.ConditionalAccumulator(grad.dtype, var.shape, shared_name=shared,
-                                               reduction_type="SUM")
+          else:  # MEAN divides in place in take_grad, as stock does; SUM when scaled by 1/N.
+            accum = _v1.ConditionalAccumulator(
+                grad.dtype, var.shape, shared_name=shared,
+                reduction_type="SUM" if self._divide_by_initial else "MEAN")
             applies.append(accum.apply_grad(grad, checked_step))
         accums.append((accum, var))
 
@@ -244,9 +251,14 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
           return [markers.enqueue((wid, kind, tf.cast(local_step, tf.int64))),
                   _v1.scatter_update(progress, [wid], tf.reshape(step_record, [1]))]
 
-      with tf.control_dependencies(applies):
-        grad_marked = _mark(GRAD, tf.cast(local_step, tf.int64))
-      with tf.control_dependencies(grad_marked), tf.device(dev):
+      # The GRAD marker does not wait for the gradients: the chief's take_grad(g) waits for each
+      # variable's, so it applies every variable as soon as its g gradients are in, as stock does.
+      # progress (read by the watchdog's messages only) says the gradients were sent.
+      with tf.device(dev):
+        grad_marked = markers.enqueue((wid, GRAD, tf.cast(checked_step, tf.int64)))
+        with tf.control_dependencies(applies):
+          sent = _v1.scatter_update(progress, [wid], tf.reshape(tf.cast(local_step, tf.int64), [1]))
+      with tf.control_dependencies([grad_marked, sent]), tf.device(dev):
         token = tokens[wid].dequeue()
       train_op = local_step.assign(token, name=name or "train_op")
       done_op = tf.group(*_mark(DONE, tf.constant(_PROGRESS_DONE, tf.int64)), name="done")
@@ -335,17 +347,23 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
           tf.boolean_mask(grad_ids, stale), "with local_step:", tf.boolean_mask(grad_steps, stale),
           "but global_step is", step_now, "; the accumulators dropped them. Every worker must "
           "run graph_keys.EPOCH_START_OPS at each epoch start."], summarize=64)
+      # Tokens per worker (0 or 1), ready before the update so that only the enqueues follow it.
+      counts = tf.math.unsorted_segment_sum(tf.ones_like(grad_ids), grad_ids, len(tokens))
+      counts = [counts[i:i + 1] for i in range(len(tokens))]
     divisor = self._num_workers if self._divide_by_initial else g_on
     taken = []
     with tf.control_dependencies([check]):
       for accum, var in accums:
+        # Each variable is taken (and applied) as soon as its g gradients are in.
         with tf.device(var.device):
-          scale = 1.0 / tf.cast(divisor, accum.dtype)
           if isinstance(accum, _v1.SparseConditionalAccumulator):
             s = accum.take_indexed_slices_grad(g_on)
+            scale = 1.0 / tf.cast(divisor, accum.dtype)
             taken.append((tf.IndexedSlices(s.values * scale, s.indices, s.dense_shape), var))
-          else:
-            taken.append((accum.take_grad(g_on) * scale, var))
+          elif self._divide_by_initial:  # A SUM accumulator.
+            taken.append((accum.take_grad(g_on) * (1.0 / self._num_workers), var))
+          else:  # A MEAN accumulator: already divided by g.
+            taken.append((accum.take_grad(g_on), var))
     with tf.device(global_step.device):
       update = self._opt.apply_gradients(taken, global_step)
       if extra_step is not None:  # Dead (skipped) with `update` when no gradient came.
@@ -353,9 +371,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
           update = tf.group(update, _v1.assign_add(extra_step, 1))
       with tf.control_dependencies([update]):
         new_step = tf.identity(global_step)
-        counts = tf.math.unsorted_segment_sum(tf.ones_like(grad_ids), grad_ids, len(tokens))
-        enqueued = [q.enqueue_many(tf.fill(counts[i:i + 1], new_step))
-                    for i, q in enumerate(tokens)]
+        enqueued = [q.enqueue_many(tf.fill(c, new_step)) for c, q in zip(counts, tokens)]
       with tf.control_dependencies(enqueued):
         g_updated = tf.identity(g_on)
       applied = tf.raw_ops.Merge(inputs=[g_off, g_updated]).output
@@ -363,7 +379,9 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       with tf.control_dependencies([num_active.assign(
           tf.where(stopped, n, tf.where(epoch_over, self._num_workers, applied)))]):
         epochs = completed_epochs.assign_add(tf.cast(epoch_over, tf.int64))
-      return tf.identity(g), tf.identity(d), tf.identity(epochs), tf.identity(stopped)
+      # One tensor: the chief's run receives it from the ps in one transfer instead of four.
+      return tf.stack([tf.cast(g, tf.int64), tf.cast(d, tf.int64), epochs,
+                       tf.cast(stopped, tf.int64)])
 
 
 def _dedupe(grad: tf.IndexedSlices) -> tf.IndexedSlices:

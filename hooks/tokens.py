@@ -104,21 +104,29 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       raise ConfigError("SafeSyncTokensHook needs the optimizer's train_op: call opt.minimize() or "
                         "opt.apply_gradients(..., global_step) before creating the session")
     self._train_names = {self._ops.train_op.name, self._ops.train_op.op.name}
+    deadline_ms = int((self._timeout + _RUN_GRACE_SECS) * 1000)
+    self._step_args = _v1.train.SessionRunArgs(
+        None, options=_v1.RunOptions(timeout_in_ms=deadline_ms))
 
   def after_create_session(self, session, coord) -> None:
     run_start.check_started("SafeSyncTokensHook")
     self._stopping.clear()
     self._stop_error = None
     session.run(self._ops.local_step_init_op)
-    self._threads = [threading.Thread(target=self._watch, args=(session, coord), daemon=True,
-                                      name=f"epochsync-watchdog-{self.task_name}")]
+    watchdog = threading.Thread(target=self._watch, args=(session, coord), daemon=True,
+                                name=f"epochsync-watchdog-{self.task_name}")
+    coord.register_thread(watchdog)
+    self._threads = [watchdog]
     if self._is_chief:
       session.run(self._ops.chief_init_op)
-      self._threads.append(threading.Thread(target=self._aggregate, args=(session, coord),
-                                            daemon=True, name="epochsync-aggregation"))
+      # Not registered with `coord`: on an error path its run may wait in a take_grad for a
+      # gradient that never comes (its sender died mid-step), and a coordinator join would wait
+      # stop_grace_period_secs (120 s) for it before the session could close.
+      self._threads.append(threading.Thread(
+          target=self._aggregate, args=(session, coord),
+          daemon=True, name="epochsync-aggregation"))
       logging.info("%s aggregating gradients of %d workers", self.task_name, len(self._names))
     for thread in self._threads:
-      coord.register_thread(thread)
       thread.start()
 
   def before_run(self, run_context):
@@ -127,8 +135,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       return None
     with self._lock:
       self._step_started, self._next_warn = self._clock(), None
-    deadline_ms = int((self._timeout + _RUN_GRACE_SECS) * 1000)
-    return _v1.train.SessionRunArgs(None, options=_v1.RunOptions(timeout_in_ms=deadline_ms))
+    return self._step_args
 
   def after_run(self, run_context, run_values) -> None:
     with self._lock:
@@ -161,8 +168,9 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     """Chief thread: one aggregate_op per step until the marker queue is closed."""
     updates_at_epoch_start = 0
     try:
+      aggregate = session.make_callable(self._ops.aggregate_op)  # As stock's queue runner.
       while not coord.should_stop():  # Ends on end()'s STOP markers or a closed marker queue.
-        grads, _, epochs, stopped = session.run(self._ops.aggregate_op)
+        grads, _, epochs, stopped = aggregate()
         if stopped:
           logging.info("%s: aggregation stopped after %d updates", self.task_name,
                        self.num_updates)

@@ -206,3 +206,27 @@ class TestSafeSyncTokensHookCluster:
               "--epochsync_step_timeout_secs)") in task.log, name
       assert "Exception in thread" not in task.log, name
     assert "aggregation stopped" in result.tasks["worker:0"].log
+
+  @pytest.mark.timeout(90)
+  def test_a_worker_dying_mid_step_is_named_and_nothing_hangs(self, tmp_path):
+    """worker:2 dies after its step-3 GRAD marker, before its gradient: the chief's take_grad
+    waits for a gradient that never comes, and closing the session must cancel it at once."""
+    timeout_secs = 5
+    args = ["--shard_batches=7,7,7", f"--output_dir={tmp_path}",
+            f"--epochsync_step_timeout_secs={timeout_secs}", "--epochsync_warn_after_secs=2",
+            "--epochsync_log_every_secs=1"]
+    with LocalCluster(num_workers=3, timeout_secs=60, fail_fast_secs=None,
+                      log_dir=str(tmp_path / "logs")) as cluster:
+      cluster.start(TASK + args, per_task_args={"worker:2": ["--die_in_step=3"]})
+      result = cluster.wait()
+    dead = result.tasks["worker:2"]
+    assert dead.returncode == 7 and "exits on purpose in the middle of step 3" in dead.log
+    for name in ("worker:0", "worker:1"):
+      task = result.tasks[name]
+      assert task.returncode not in (0, None) and not task.timed_out, name
+      # Not stop_grace_period_secs (120 s) later: nothing waits for the blocked aggregation.
+      assert task.elapsed_secs - dead.elapsed_secs < timeout_secs + 10, name
+      assert (f"hooks.errors.StepTimeoutError: step 2 timed out after {timeout_secs} s on {name}: "
+              "2/3 workers sent their gradient; missing worker:2 (check its log or raise "
+              "--epochsync_step_timeout_secs)") in task.log, name
+      assert "Exception in thread" not in task.log, name

@@ -36,6 +36,9 @@ _OPTIMIZER = flags.DEFINE_enum("optimizer", "ours", ["ours", "stock"], "Which Sy
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where <task>.json is written.")
 _DIE_AFTER = flags.DEFINE_integer("die_after_steps", 0, "Exit with code 7 after this many "
                                   "steps (a crash mid-epoch); 0: never.")
+_DIE_IN_STEP = flags.DEFINE_integer("die_in_step", 0, "Exit with code 7 in the middle of this "
+                                   "step (1-based): after its GRAD marker was sent, before its "
+                                   "gradient was; 0: never.")
 _SKIP_START = flags.DEFINE_bool("skip_epoch_start_ops", False, "Misuse on purpose: never run "
                                 "EPOCH_START_OPS, so a worker that sat out steps goes stale.")
 _WAIT_SECS = flags.DEFINE_float("wait_timeout_secs", 60, "Bound of the test-only waits.")
@@ -52,14 +55,34 @@ def _wait_until(predicate, what: str) -> None:
     time.sleep(0.02)
 
 
+def _die_in_step(x, task_name):
+  """x, through a py_func that ends the process during step --die_in_step, mid-computation."""
+  steps = []
+
+  def maybe_die(value):
+    steps.append(1)
+    if len(steps) == _DIE_IN_STEP.value:
+      time.sleep(1.0)  # Meanwhile the ps runs this step's marker enqueue (it needs no gradient).
+      logging.info("%s exits on purpose in the middle of step %d (--die_in_step)", task_name,
+                   len(steps))
+      logging.flush()
+      os._exit(7)  # pylint: disable=protected-access
+    return value
+
+  out = _v1.py_func(maybe_die, [x], tf.float32, stateful=True)
+  out.set_shape(x.shape)
+  return out
+
+
 def _build_model(config):
   """(placeholders, loss, {name: variable}) of --model."""
   if _MODEL.value == "linear":
     x = _v1.placeholder(tf.float32, [None, sync_data.DIM])
+    inputs = _die_in_step(x, config.task_name) if _DIE_IN_STEP.value else x
     w = _v1.get_variable("w", [sync_data.DIM], initializer=_v1.zeros_initializer())
     b = _v1.get_variable("b", [], initializer=_v1.zeros_initializer())
     y = _v1.placeholder(tf.float32, [None])
-    return (x, y), tf.reduce_mean((tf.linalg.matvec(x, w) + b - y) ** 2), {"w": w, "b": b}
+    return (x, y), tf.reduce_mean((tf.linalg.matvec(inputs, w) + b - y) ** 2), {"w": w, "b": b}
   ids = _v1.placeholder(tf.int64, [None])
   emb = _v1.get_variable("emb", [sync_data.VOCAB, sync_data.EMB_DIM],
                          initializer=_v1.zeros_initializer(),

@@ -1,0 +1,67 @@
+"""`./es bench`: every benchmark of docs/benchmarks.md, results in bench/results/<name>-<date>.*
+
+  ./es bench                 the default suite (measured 2026-11-22 at a load of ~10: step
+                             overhead 10 min, barrier 5, uneven 9, growth 3: about 27 minutes)
+  ./es bench --full          + the 0.1M/10M MLPs, the CTR model, async with vs without the hooks,
+                             start-up at 2/4/8 workers (about 40 minutes more)
+  ./es bench --only=barrier  one of: step_overhead, barrier, uneven, growth, sizes, ctr, async,
+                             startup (each is also `python -m bench.<module>` with its own flags)
+
+Each benchmark runs its compared variants alternately in one invocation (5 repetitions) and
+writes a JSON (with the load average it ran under) and, where there is one, a PNG plot.
+"""
+
+import datetime
+import os
+import subprocess
+import sys
+
+_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+# name -> (module, args); {out} is bench/results/<name>-<date> (no extension).
+_DEFAULT = {
+    "step_overhead": ("bench.step_overhead", ["--workers=2,4", "--repetitions=5", "--steps=80",
+                                              "--warmup=15", "--output={out}.json",
+                                              "--plot={out}.png"]),
+    "barrier": ("bench.barrier", ["--workers=2,4,8", "--repetitions=5", "--output={out}.json",
+                                  "--plot={out}.png"]),
+    "uneven": ("bench.uneven", ["--repetitions=5", "--output={out}.json", "--plot={out}.png"]),
+    "growth": ("bench.growth", ["--output={out}.json", "--plot={out}.png"]),
+}
+_FULL = {
+    "sizes": ("bench.step_overhead", ["--workers=2", "--repetitions=5", "--params=0.1M,10M",
+                                      "--steps=60", "--warmup=10", "--output={out}.json",
+                                      "--plot={out}.png"]),
+    "ctr": ("bench.step_overhead", ["--workers=2", "--repetitions=5", "--model=ctr",
+                                    "--num_ps=2", "--output={out}.json"]),
+    "async": ("bench.step_overhead", ["--workers=2", "--repetitions=5",
+                                      "--variants=async,async-hooks", "--output={out}.json"]),
+    "startup": ("bench.startup_scaling", ["--workers=2,4,8", "--repetitions=5",
+                                          "--output={out}.json", "--plot={out}.png"]),
+}
+
+
+def main(argv):
+  full = "--full" in argv
+  only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
+  suite = dict(_DEFAULT, **_FULL) if full or only else dict(_DEFAULT)
+  if only:
+    unknown = [o for o in only if o not in suite]
+    if unknown:
+      sys.exit(f"unknown benchmark(s) {unknown}; choose from {', '.join(suite)}")
+    suite = {k: v for k, v in suite.items() if k in only}
+  os.makedirs(_RESULTS, exist_ok=True)
+  date = datetime.date.today().isoformat()
+  failed = []
+  for name, (module, args) in suite.items():
+    out = os.path.join(_RESULTS, f"{name}-{date}")
+    command = [sys.executable, "-m", module] + [a.format(out=out) for a in args]
+    print(f"\n=== {name}: {' '.join(command[1:])}  (load {os.getloadavg()[0]:.2f})", flush=True)
+    if subprocess.call(command) != 0:
+      failed.append(name)
+  if failed:
+    sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
