@@ -23,7 +23,7 @@ import tensorflow as tf
 from hooks import liveness as liveness_lib
 from hooks import restore as restore_lib
 from hooks.cluster import ClusterConfig
-from hooks.errors import EpochSyncError, StartupTimeoutError
+from hooks.errors import EpochSyncError, StartupTimeoutError, TaskDiedError
 from hooks.liveness import LivenessMonitor
 
 __all__ = ["FastWorkerSessionCreator", "EpochSyncChiefSessionCreator", "session_creator"]
@@ -70,10 +70,12 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
     poll_secs: `float`, seconds between two readiness checks.
     task_name: `str`, this task ("worker:1"), and chief_name: the task that initialises
       the model ("chief:0"); both only for the timeout's message.
-    liveness: a `LivenessMonitor`; then the creator first waits for `needed` (default: the
-      chief and every ps task) to answer, and a chief or ps that dies while this worker
-      waits raises TaskDiedError within a second or two. None: the deadline only.
-    needed: task names this worker waits for.
+    liveness: a `LivenessMonitor`; then the creator first waits for `needed` (default: every
+      ps task) to answer, and while the model is not ready, a chief or ps that dies raises
+      TaskDiedError within a second or two. None: the deadline only.
+    needed: task names this worker waits to answer before its first readiness check. The
+      chief is not one of them by default: once it has initialised the model it may finish
+      (and exit) before a slow worker even starts.
     Other args as `tf.compat.v1.train.WorkerSessionCreator`.
 
   Raises:
@@ -94,8 +96,10 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
     self._poll_secs, self._max_wait = poll_secs, max_wait_secs
     self._task_name, self._chief_name = task_name, chief_name
     if needed is None and liveness is not None:
-      needed = [chief_name] + [n for n in sorted(liveness.addresses) if n.startswith("ps:")]
+      needed = [n for n in sorted(liveness.addresses) if n.startswith("ps:")]
     self._setup_liveness(liveness, needed or (), task_name, max_wait_secs)
+    self._watched = [n for n in [chief_name, *self._needed]
+                     if liveness is not None and n in liveness.addresses]
 
   def create_session(self):
     self._before_create()
@@ -107,14 +111,24 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
           f"model is still not initialised; missing {self._chief_name} (check its log or raise "
           f"--epochsync_startup_timeout_secs)", [self._chief_name]) from e
 
-  def _between_polls(self) -> None:
-    if self._liveness and self._needed:
-      self._liveness.check(self._needed, f"for {self._chief_name} to initialise the model")
+  def _death_while_not_ready(self) -> Optional[TaskDiedError]:
+    """The TaskDiedError of a chief or ps that died while the model was not ready, or None.
+
+    Returned, not raised: the poll it precedes may still find the model ready (a chief that
+    initialised it and has since finished is no reason to fail).
+    """
+    if not self._watched:
+      return None
+    try:
+      self._liveness.check(self._watched, f"for {self._chief_name} to initialise the model")
+    except TaskDiedError as died:
+      return died
+    return None
 
   def _get_session_manager(self):
     if self._session_manager is None:
       self._session_manager = _PollingSessionManager(
-          self._between_polls,
+          self._death_while_not_ready,
           local_init_op=self._scaffold.local_init_op,
           local_init_feed_dict=self._scaffold.local_init_feed_dict,
           ready_op=self._scaffold.ready_op,
@@ -187,15 +201,33 @@ class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive)
 
 
 class _PollingSessionManager(_v1.train.SessionManager):
-  """A SessionManager whose wait_for_session calls `between_polls()` before each re-check."""
+  """A SessionManager whose wait_for_session fails on a death found while the model is unready.
 
-  def __init__(self, between_polls: Callable[[], None], **kwargs):
+  Before each re-check (not the first), `death_while_not_ready()` probes; the error it returns
+  is raised only if that re-check finds the model still not ready.
+  """
+
+  def __init__(self, death_while_not_ready: Callable[[], Optional[Exception]], **kwargs):
     super().__init__(**kwargs)
-    self._between_polls = between_polls
+    self._death_while_not_ready = death_while_not_ready
+    self._polls = 0
+    self._death: Optional[Exception] = None
 
   def _try_run_local_init_op(self, sess):  # The first call of each poll of wait_for_session.
-    self._between_polls()  # raises to end the wait (TaskDiedError)
-    return super()._try_run_local_init_op(sess)
+    self._polls += 1
+    self._death = self._death_while_not_ready() if self._polls > 1 else None
+    ok, message = super()._try_run_local_init_op(sess)
+    if not ok and self._death is not None:
+      self._safe_close(sess)
+      raise self._death
+    return ok, message
+
+  def _model_ready(self, sess):
+    ready, message = super()._model_ready(sess)
+    if not ready and self._death is not None:
+      self._safe_close(sess)
+      raise self._death
+    return ready, message
 
 
 def session_creator(config: ClusterConfig, master: str, scaffold=None,

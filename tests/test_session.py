@@ -78,7 +78,29 @@ def test_a_chief_that_dies_while_a_worker_waits_for_it_is_named_within_a_second(
 
 
 @pytest.mark.timeout(30)
-def test_a_worker_first_waits_for_its_chief_and_ps_to_come_up():
+@pytest.mark.parametrize("chief", [Probe("down", None, "refused"), Probe("up", 1)],
+                         ids=["finished-before-the-worker-started", "died-after-initialising"])
+def test_a_chief_gone_after_initialising_the_model_does_not_stop_a_late_worker(graph, chief):
+  """The chief may train alone and exit before a slow worker starts (no epoch barrier)."""
+  var = v1.get_variable("w", [2], initializer=v1.ones_initializer(), use_resource=False)
+  server = tf.distribute.Server.create_local_server()
+  with v1.Session(server.target) as other:
+    other.run(var.initializer)
+  table = _Table(chief=chief, ps0=Probe("up", 2), ps1=Probe("up", 3))
+  monitor = _monitor(table)
+  monitor.probe(["chief:0"])  # seen once (if up) ...
+  table.answers["chief"] = Probe("down", None, "gone")  # ... and gone before the worker asks
+  creator = FastWorkerSessionCreator(master=server.target, max_wait_secs=5, poll_secs=0.1,
+                                     task_name="worker:0", chief_name="chief:0",
+                                     liveness=monitor)
+  start = time.monotonic()
+  with v1.train.MonitoredSession(session_creator=creator) as sess:
+    assert list(sess.run(var)) == [1.0, 1.0]
+  assert time.monotonic() - start < 3
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_first_waits_for_its_ps_to_come_up():
   v1.get_variable("w", [2], initializer=v1.zeros_initializer())
   table = _Table(chief=Probe("up", 1), ps0=Probe("up", 2), ps1=Probe("down", None, "refused"))
   creator = FastWorkerSessionCreator(max_wait_secs=0.5, task_name="worker:0",
