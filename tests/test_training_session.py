@@ -194,7 +194,8 @@ class TestWiring:
     assert creator._chief_name == "chief:0" and creator._task_name == "worker:1"
     assert list(creator._config.device_filters) == ["/job:ps", "/job:worker/task:1"]
     assert creator._liveness is liveness.monitor_for(WORKER)
-    assert sorted(creator._needed) == ["chief:0", "ps:0"]
+    assert creator._needed == ["ps:0"]  # answers before the first readiness check
+    assert sorted(creator._watched) == ["chief:0", "ps:0"]  # probed while the model is unready
 
   def test_the_sync_hook_is_made_from_the_settings(self, recorded):
     session = _session(sync_optimizer=_opt(CHIEF))
