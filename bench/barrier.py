@@ -51,7 +51,7 @@ def _analyse(rows: Dict[str, dict], sampler, n: int) -> dict:
   for t in tasks:
     for e in rows[t]["epochs"]:
       by_epoch.setdefault(e["epoch"], {})[t] = e
-  out = {v: {"latency_secs": [], "step_secs": [], "runs_per_barrier": [],
+  out = {v: {"latency_secs": [], "release_secs": {}, "step_secs": [], "runs_per_barrier": [],
              "wait_secs": [], "runs": 0, "probes": 0, "ps0_probes": 0, "ps0_cpu_secs": 0.0}
          for v in ("idle", "baseline", "ours")}
   for epoch, recs in sorted(by_epoch.items()):
@@ -66,8 +66,11 @@ def _analyse(rows: Dict[str, dict], sampler, n: int) -> dict:
     else:  # ... while every other worker waits at the barrier.
       start = max([recs[t]["arrived"] for t in others] + [trained_from])
       end = recs[straggler]["arrived"]
-      fig["latency_secs"].append(max(r["released"] for r in recs.values()) -
-                                 max(r["arrived"] for r in recs.values()))
+      last_arrival = max(r["arrived"] for r in recs.values())
+      fig["latency_secs"].append(max(r["released"] for r in recs.values()) - last_arrival)
+      for t in tasks:  # Who is released last: the chief, the straggler (last arrival), others.
+        role = "straggler" if t == straggler else "chief" if t == tasks[0] else "others"
+        fig["release_secs"].setdefault(role, []).append(recs[t]["released"] - last_arrival)
       fig["runs_per_barrier"] += [recs[t]["runs"] for t in tasks]
       # Steady state: from 50 ms after the last of them arrived (its arrival's own runs are
       # not waiting) to the straggler's arrival.
@@ -88,6 +91,7 @@ def _analyse(rows: Dict[str, dict], sampler, n: int) -> dict:
     result[v] = {
         "latency_ms": latency * 1e3, "latency_rtts": latency / rtt_secs,
         "latency_ms_all": [x * 1e3 for x in fig["latency_secs"]],
+        "release_ms_by_role": {role: _median(x) * 1e3 for role, x in fig["release_secs"].items()},
         "straggler_step_ms": _median(fig["step_secs"]) * 1e3,
         "straggler_steps_measured": len(fig["step_secs"]),
         "straggler_slowdown": _median(fig["step_secs"]) / idle_step,
@@ -153,6 +157,13 @@ def main(argv):
             f"(max {f['runs_per_worker_per_barrier_max']:.0f})"
             f"  {f['ps0_session_runs_per_sec']:18.1f}  {f['ps0_probes_per_sec']:13.1f}"
             f"  {f['ps0_cpu_ms_per_sec']:13.1f}")
+  print("\nreleased after the last arrival, median ms, by task: chief (worker:0), straggler "
+        "(the last arrival), others")
+  for r in results:
+    for v in ("baseline", "ours"):
+      roles = r[v]["release_ms_by_role"]
+      print(f"{r['workers']:>7}  {v:<8}  " + "  ".join(
+          f"{role} {roles[role]:.2f}" for role in ("chief", "straggler", "others") if role in roles))
   print(f"\nload average (1, 5, 15 min) at the start and after each size: {loads}")
   common.write_results(_OUTPUT.value, results, sys.argv, load_average=loads,
                        repetitions=_REPETITIONS.value, straggler_steps=_STRAGGLER_STEPS.value)

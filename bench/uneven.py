@@ -9,6 +9,10 @@ SyncReplicasOptimizer, max_steps = the mean shard's batches, i.e. one epoch of s
   ours:  epoch wall = from the previous barrier's release to this epoch's end barrier's release
          (the chief's); ideal = the largest shard's batches x the median synchronous step of
          that epoch (the largest-shard worker's steps, same run); the ratio wall / ideal.
+         Also the phased ideal: the same worker's steps grouped by how many workers still had
+         a batch (4, then 3, ...), each group's batches x its own median step. On a machine
+         with fewer cores than workers a step with 4 workers computing costs more than one
+         with 1, which the single median averages away; the phased ideal does not.
   stock: its wall time for the same number of examples, and how many examples of the epoch's
          data it trained 0, 1 and 2+ times (and how many batches the chief's take dropped).
 
@@ -56,14 +60,28 @@ def _ours(rows: Dict[str, dict], skews: List[float]) -> List[dict]:
            ((rows[t], history[t]) for t in rows)):
       raise RuntimeError(f"epoch {epoch}: batches {history} differ from the shards {sizes}")
     ideal = max(sizes) * statistics.median(steps)
+    phased_ideal = _phased_ideal(steps, sizes)
     out.append({"epoch": epoch, "skew": skew, "shards": sizes, "wall_secs": end - start,
                 "ideal_secs": ideal, "ratio": (end - start) / ideal,
+                "phased_ideal_secs": phased_ideal, "phased_ratio": (end - start) / phased_ideal,
                 "step_ms": statistics.median(steps) * 1e3, "steps": len(steps),
                 # wall = start_secs + sum of the steps + gaps between steps + end_secs
                 "start_secs": spans[0][0] - start, "steps_sum_secs": sum(steps),
                 "between_steps_secs": spans[-1][1] - spans[0][0] - sum(steps),
                 "end_secs": end - spans[-1][1]})
   return out
+
+
+def _phased_ideal(steps: List[float], sizes: List[int]) -> float:
+  """Sum over the phases of an epoch (k workers still have a batch) of its steps x their median.
+
+  `steps` are the largest shard's worker's step times in order; its step i ran while the
+  workers whose shard has more than i batches were still training.
+  """
+  phases: Dict[int, List[float]] = {}
+  for i, step in enumerate(steps):
+    phases.setdefault(sum(size > i for size in sizes), []).append(step)
+  return sum(len(p) * statistics.median(p) for p in phases.values())
 
 
 def _stock(rows: Dict[str, dict], skew: float) -> dict:
@@ -93,6 +111,10 @@ def _plot(summary: List[dict], path: str) -> None:
               yerr=[[s["ratio_median"] - s["ratio_min"] for s in summary],
                     [s["ratio_max"] - s["ratio_median"] for s in summary]],
               marker="o", capsize=4, label="tf-epochsync: epoch wall / ideal")
+  ax.errorbar(skews, [s["phased_ratio_median"] for s in summary],
+              yerr=[[s["phased_ratio_median"] - s["phased_ratio_min"] for s in summary],
+                    [s["phased_ratio_max"] - s["phased_ratio_median"] for s in summary]],
+              marker="s", capsize=4, label="tf-epochsync: epoch wall / phased ideal")
   ax.axhline(1.05, color="red", linestyle=":", label="goal 1.05")
   ax.axhline(1.0, color="gray", linewidth=0.8)
   ax.set_xlabel("shard skew (%)")
@@ -121,7 +143,8 @@ def main(argv):
       ours.append(e)
       print(f"rep={rep} ours  skew={e['skew']:.0%} shards={e['shards']}: epoch "
             f"{e['wall_secs']:.2f} s, ideal {e['ideal_secs']:.2f} s ({e['steps']} steps of "
-            f"{e['step_ms']:.1f} ms): {e['ratio']:.3f}; start {e['start_secs']:.3f} s, steps "
+            f"{e['step_ms']:.1f} ms): {e['ratio']:.3f}; phased ideal {e['phased_ideal_secs']:.2f} s: "
+            f"{e['phased_ratio']:.3f}; start {e['start_secs']:.3f} s, steps "
             f"{e['steps_sum_secs']:.3f} s, between {e['between_steps_secs']:.3f} s, end "
             f"{e['end_secs']:.3f} s", flush=True)
     for skew in order:
@@ -136,14 +159,17 @@ def main(argv):
             "dropped", flush=True)
     loads.append(common.load_average())
   summary = []
-  print("\nskew  shards            epoch/ideal: median (min..max)  ours epoch s  stock epoch s  "
-        "stock examples trained 0 / 1 / 2+ times (median)")
+  print("\nskew  shards            epoch/ideal: median (min..max)  epoch/phased ideal  "
+        "ours epoch s  stock epoch s  stock examples trained 0 / 1 / 2+ times (median)")
   for skew in skews:
     r = [e["ratio"] for e in ours if e["skew"] == skew]
+    phased = [e["phased_ratio"] for e in ours if e["skew"] == skew]
     walls = [e["wall_secs"] for e in ours if e["skew"] == skew]
     st = [s for s in stock if s["skew"] == skew]
     row = {"skew": skew, "shards": shard_batches(skew, _WORKERS.value, _MEAN.value),
            "ratio_median": statistics.median(r), "ratio_min": min(r), "ratio_max": max(r),
+           "phased_ratio_median": statistics.median(phased), "phased_ratio_min": min(phased),
+           "phased_ratio_max": max(phased),
            "ours_wall_secs": statistics.median(walls),
            "stock_wall_secs": statistics.median(s["wall_secs"] for s in st),
            "stock_examples_trained": {k: statistics.median(s["examples_trained"][k] for s in st)
@@ -153,6 +179,8 @@ def main(argv):
     t = row["stock_examples_trained"]
     print(f"{skew:4.0%}  {str(row['shards']):<16}  {row['ratio_median']:.3f} "
           f"({row['ratio_min']:.3f}..{row['ratio_max']:.3f})            "
+          f"{row['phased_ratio_median']:.3f} ({row['phased_ratio_min']:.3f}.."
+          f"{row['phased_ratio_max']:.3f})  "
           f"{row['ours_wall_secs']:6.2f}  {row['stock_wall_secs']:13.2f}  "
           f"{t['0']:.0f} / {t['1']:.0f} / {t['2+']:.0f}")
   print(f"\nload average (1, 5, 15 min) at the start and after each repetition: {loads}")
