@@ -1,11 +1,11 @@
 """`./es bench`: every benchmark of docs/benchmarks.md, results in bench/results/<name>-<date>.*
 
   ./es bench                 the default suite (measured 2026-11-22 at a load of ~10: step
-                             overhead 10 min, barrier 5, uneven 9, growth 3: about 27 minutes)
+                             overhead 10 min, barrier 5, its floor 1, uneven 9, growth 3: about 28 minutes)
   ./es bench --full          + the 0.1M/10M MLPs, the CTR model, async with vs without the hooks,
                              start-up at 2/4/8 workers (about 40 minutes more)
-  ./es bench --only=barrier  one of: step_overhead, barrier, uneven, growth, sizes, ctr, async,
-                             startup (each is also `python -m bench.<module>` with its own flags)
+  ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
+                             sizes, ctr, async, startup (each is also `python -m bench.<module>` with its own flags)
 
 Each benchmark runs its compared variants alternately in one invocation (5 repetitions) and
 writes a JSON (with the load average it ran under) and, where there is one, a PNG plot.
@@ -25,6 +25,7 @@ _DEFAULT = {
                                               "--plot={out}.png"]),
     "barrier": ("bench.barrier", ["--workers=2,4,8", "--repetitions=5", "--output={out}.json",
                                   "--plot={out}.png"]),
+    "barrier_floor": ("bench.barrier_floor", ["--output={out}.json"]),
     "uneven": ("bench.uneven", ["--repetitions=5", "--output={out}.json", "--plot={out}.png"]),
     "growth": ("bench.growth", ["--output={out}.json", "--plot={out}.png"]),
 }

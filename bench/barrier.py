@@ -122,9 +122,7 @@ def _plot(results: List[dict], path: str) -> None:
   ax2.set_ylabel("straggler step time / with idle peers")
   ax2.set_xticks(ns)
   ax2.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}", flush=True)
+  common.save_plot(fig, path)
 
 
 def main(argv):

@@ -34,8 +34,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+from bench import task_common
 from bench.common import generated_batches
-from hooks import flags as epochsync_flags
 from hooks import liveness
 from hooks import session as session_lib
 from hooks.barrier import EpochBarrierHook
@@ -150,18 +150,6 @@ class _CountingSession:
       self._counters.times["run_ends"].append(time.time())
 
 
-class _StepTimes(_v1.train.SessionRunHook):
-  """First hook: each step's (start, end) in time.time(), before any epoch-end work."""
-
-  def __init__(self):
-    self.steps: List[List[float]] = []
-
-  def before_run(self, run_context):
-    self._start = time.time()
-
-  def after_run(self, run_context, run_values):
-    self.steps.append([self._start, time.time()])
-
 
 class _Switch(EpochListener):
   """Takes EpochBarrierHook's place among the listeners and picks each epoch's barrier."""
@@ -226,11 +214,7 @@ class _Switch(EpochListener):
 
 def main(argv):
   del argv
-  _v1.disable_v2_behavior()
-  config = epochsync_flags.cluster_from_flags()
-  settings = epochsync_flags.settings_from_flags()
-  server = tf.distribute.Server(config.cluster_spec(), job_name=config.task_type,
-                                task_index=config.task_index, config=config.session_config())
+  config, settings, server = task_common.start_task()
   counters = _Counters(config.cluster["ps"][0])
   n, me = config.num_workers, config.worker_id
   straggler = me == n - 1
@@ -256,7 +240,7 @@ def main(argv):
   epoch_input._listeners.remove(barrier)  # pylint: disable=protected-access; bench only
   switch = _Switch(barrier, polling, ps_read, ready, me, straggler, counters)
   epoch_input.add_listener(switch)
-  steps = _StepTimes()
+  steps = task_common.StepTimes()
   creator = session_lib.session_creator(config, master=server.target)
   with _v1.train.MonitoredSession(session_creator=creator, hooks=[steps] + hooks) as sess:
     while not sess.should_stop():

@@ -20,7 +20,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from hooks.testing.local_cluster import LocalCluster
 
-__all__ = ["run_tasks", "CpuSampler", "MLP_SIZES", "shard_batches", "generated_batches", "summary", "paired", "load_average", "write_results", "plt",
+__all__ = ["run_tasks", "CpuSampler", "MLP_SIZES", "shard_batches", "generated_batches",
+           "summary", "paired", "load_average", "write_results", "plt", "save_plot",
            "RESULTS_DIR"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -184,3 +185,10 @@ def plt():
   matplotlib.use("Agg")
   import matplotlib.pyplot as pyplot  # pylint: disable=g-import-not-at-top
   return pyplot
+
+
+def save_plot(fig, path: str) -> None:
+  """Lays `fig` out, writes it to `path` as a PNG and says so."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"wrote {path}", flush=True)

@@ -82,9 +82,7 @@ def _plot(by_workers: List[dict], by_vars: List[dict], path: str) -> None:
     ax.legend()
   ax1.set_title(f"per-epoch overhead vs workers ({_FIXED_VARS.value} variables)")
   ax2.set_title(f"per-epoch overhead vs variables ({_FIXED_WORKERS.value} workers)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}", flush=True)
+  common.save_plot(fig, path)
 
 
 def _point(workers: int, variables: int) -> dict:

@@ -18,8 +18,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+from bench import task_common
 from bench.common import generated_batches
-from hooks import flags as epochsync_flags
 from hooks import session as session_lib
 from hooks.epoch_input import EpochInput, EpochListener
 from hooks.epoch_sync import epoch_sync_hooks
@@ -58,25 +58,10 @@ class _SaveTimes(_v1.train.CheckpointSaverListener):
     self.saves.append([self._start, time.time()])
 
 
-class _Steps(_v1.train.SessionRunHook):
-
-  def __init__(self):
-    self.steps = []
-
-  def before_run(self, run_context):
-    self._start = time.time()
-
-  def after_run(self, run_context, run_values):
-    self.steps.append([self._start, time.time()])
-
 
 def main(argv):
   del argv
-  _v1.disable_v2_behavior()
-  config = epochsync_flags.cluster_from_flags()
-  settings = epochsync_flags.settings_from_flags()
-  server = tf.distribute.Server(config.cluster_spec(), job_name=config.task_type,
-                                task_index=config.task_index, config=config.session_config())
+  config, settings, server = task_common.start_task()
   with _v1.device(_v1.train.replica_device_setter(
       worker_device=config.job_device, cluster=config.cluster_spec())):
     global_step = _v1.train.get_or_create_global_step()
@@ -89,7 +74,7 @@ def main(argv):
                                           config.num_workers, config.worker_id,
                                           worker_names=config.worker_names)
     train_op = opt.minimize(loss, global_step=global_step)
-  marks, saves, steps = {}, _SaveTimes(), _Steps()
+  marks, saves, steps = {}, _SaveTimes(), task_common.StepTimes()
   for order, name in ((5, "last_step_done"), (15, "done_sent"), (25, "released")):
     epoch_input.add_listener(_Marks(order, name, marks))
   model_dir = os.path.join(_OUTPUT_DIR.value, "model")

@@ -43,9 +43,7 @@ def _plot(summary, path):
   ax.set_xlabel("workers")
   ax.set_ylabel("last first step - last process ready (s)")
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}", flush=True)
+  common.save_plot(fig, path)
 
 
 def main(argv):

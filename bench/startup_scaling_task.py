@@ -25,8 +25,8 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from bench import task_common  # pylint: disable=wrong-import-position
 from bench.common import generated_batches  # pylint: disable=wrong-import-position
-from hooks import flags as epochsync_flags  # pylint: disable=wrong-import-position
 from hooks import session as session_lib  # pylint: disable=wrong-import-position
 from hooks.epoch_input import EpochInput  # pylint: disable=wrong-import-position
 from hooks.epoch_sync import epoch_sync_hooks  # pylint: disable=wrong-import-position
@@ -42,11 +42,7 @@ _v1 = tf.compat.v1
 
 def main(argv):
   del argv
-  _v1.disable_v2_behavior()
-  config = epochsync_flags.cluster_from_flags()
-  settings = epochsync_flags.settings_from_flags()
-  server = tf.distribute.Server(config.cluster_spec(), job_name=config.task_type,
-                                task_index=config.task_index, config=config.session_config())
+  config, settings, server = task_common.start_task()
   n, stock = config.num_workers, _VARIANT.value == "stock"
   sgd = _v1.train.GradientDescentOptimizer(0.01)
   with _v1.device(_v1.train.replica_device_setter(

@@ -149,9 +149,7 @@ def _plot(summaries: Dict[str, Dict[str, dict]], variants: List[str], path: str)
   ax.set_ylabel(f"extra ms per step vs {variants[0]} (paired median, min..max)")
   ax.set_xlabel("model")
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}", flush=True)
+  common.save_plot(fig, path)
 
 
 def main(argv):

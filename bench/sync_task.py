@@ -27,8 +27,8 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from bench import task_common
 from bench.common import MLP_SIZES
-from hooks import flags as epochsync_flags
 from hooks import session as session_lib
 from hooks.epoch_input import EpochInput
 from hooks.epoch_sync import epoch_sync_hooks
@@ -182,11 +182,7 @@ def _start_together(sess, started, num_workers: int, timeout_secs: float = 120.0
 
 def main(argv):
   del argv
-  _v1.disable_v2_behavior()
-  config = epochsync_flags.cluster_from_flags()
-  settings = epochsync_flags.settings_from_flags()
-  server = tf.distribute.Server(config.cluster_spec(), job_name=config.task_type,
-                                task_index=config.task_index, config=config.session_config())
+  config, settings, server = task_common.start_task()
   variant, n = _VARIANT.value, config.num_workers
   epoch_hooks = variant in ("ours", "async-hooks")
   sync = variant in ("stock", "ours", "ours-bare")

@@ -121,9 +121,7 @@ def _plot(summary: List[dict], path: str) -> None:
   ax.set_ylabel("epoch wall time / (largest shard x sync step)")
   ax.set_xticks(skews)
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}", flush=True)
+  common.save_plot(fig, path)
 
 
 def main(argv):

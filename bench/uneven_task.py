@@ -24,8 +24,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+from bench import task_common
 from bench.common import MLP_SIZES, generated_batches, shard_batches
-from hooks import flags as epochsync_flags
 from hooks import session as session_lib
 from hooks.epoch_input import EpochInput, EpochListener
 from hooks.epoch_sync import epoch_sync_hooks
@@ -80,26 +80,10 @@ class _Releases(EpochListener):
     self.released.append(time.time())
 
 
-class _Steps(_v1.train.SessionRunHook):
-  """First hook: each step's (start, end), before any epoch-end work."""
-
-  def __init__(self):
-    self.steps = []
-
-  def before_run(self, run_context):
-    self._start = time.time()
-
-  def after_run(self, run_context, run_values):
-    self.steps.append([self._start, time.time()])
-
 
 def main(argv):
   del argv
-  _v1.disable_v2_behavior()
-  config = epochsync_flags.cluster_from_flags()
-  settings = epochsync_flags.settings_from_flags()
-  server = tf.distribute.Server(config.cluster_spec(), job_name=config.task_type,
-                                task_index=config.task_index, config=config.session_config())
+  config, settings, server = task_common.start_task()
   n, me, stock = config.num_workers, config.worker_id, _VARIANT.value == "stock"
   skews = [float(s) for s in _SKEWS.value]
   sizes = [shard_batches(s, n, _MEAN.value)[me] for s in skews]  # This worker's, by skew.
@@ -134,7 +118,7 @@ def main(argv):
         # Stock's own token queue (a private attribute): one token per worker at the end.
         release = opt._sync_token_queue.enqueue_many(  # pylint: disable=protected-access
             [tf.fill([n], global_step)])
-  steps = _Steps()
+  steps = task_common.StepTimes()
   sync_hook = opt.make_session_run_hook(config.is_chief, num_tokens=0)
   if stock:
     hooks = [steps, sync_hook, _v1.train.StopAtStepHook(last_step=max_steps)]
