@@ -19,8 +19,13 @@ def pytest_addoption(parser):
   parser.addoption(
       "--matrix-seeds", type=int, default=None, metavar="N",
       help="The randomized cluster matrix runs seeds 0..N-1, each synchronous and asynchronous "
-           "(default: seed 0 synchronous and seed 1 asynchronous, i.e. both cluster layouts and "
-           "both modes; e.g. ./es test tests/test_matrix.py --matrix-seeds=10).")
+           "(default: seeds 0..9 once each, 5 synchronous and 5 asynchronous, each mode with and "
+           "without a chief job; e.g. ./es test tests/test_matrix.py --matrix-seeds=10).")
+
+
+# Seeds 0..9 once each: synchronous when seed % 4 is 0 or 3, so that each mode runs with a
+# chief job (even seeds) and without one (odd seeds).
+_DEFAULT_MATRIX = [(seed, seed % 4 in (0, 3)) for seed in range(10)]
 
 
 def pytest_generate_tests(metafunc):
@@ -29,7 +34,7 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("stress_run", range(runs), ids=[f"run{i}" for i in range(runs)])
   if "matrix_case" in metafunc.fixturenames:
     seeds = metafunc.config.getoption("--matrix-seeds")
-    cases = ([(0, True), (1, False)] if seeds is None else
+    cases = (_DEFAULT_MATRIX if seeds is None else
              [(seed, sync) for seed in range(max(1, seeds)) for sync in (True, False)])
     metafunc.parametrize("matrix_case", cases, ids=[
         f"seed{seed}-{'sync' if sync else 'async'}" for seed, sync in cases])
