@@ -158,9 +158,16 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       fetched = _packed(arrivals) if n > 1 else []  # 2 tensors to fetch instead of 8
       self._gather = (fetched, stored)
       # The chief's release reads global_step (for the audit) while everyone is still held.
+      # A copy (`+ 0`), not tf.identity: an Identity of a ref variable aliases its buffer, so
+      # the fetched value would be serialized after the release, with the steps that the
+      # released workers have taken since in it.
       global_step = _v1.train.get_global_step()
-      step = (tf.identity(global_step) if global_step is not None
-              else tf.constant(-1, tf.int64))
+
+      def step_now(name: str) -> tf.Tensor:  # Read when this op runs (within its dependencies).
+        return (tf.add(global_step, 0, name=name) if global_step is not None
+                else tf.constant(-1, tf.int64, name=name))
+
+      step = step_now("global_step_at_release")
       self._release_value = _v1.placeholder(tf.int64, [], "release")
       with tf.control_dependencies([step]):
         release = tf.group(*[q.enqueue([self._release_value]) for q in release_qs[1:]])
@@ -179,7 +186,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       else:
         value = self._seq
       with tf.control_dependencies([stored]):
-        gathered_step = tf.identity(step)
+        gathered_step = step_now("global_step_at_gather")  # after the arrivals, a copy
       with tf.control_dependencies([gathered_step]):
         released = tf.group(*[q.enqueue([value]) for q in release_qs[1:]])
       self._gather_and_release = (fetched, stored, released, gathered_step)

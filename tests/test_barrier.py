@@ -53,6 +53,28 @@ class _ReadAtEnd(v1.train.SessionRunHook):
     self.values = session.run([g.as_graph_element(n) for n in self._names])
 
 
+@pytest.mark.parametrize("fetch", ["_release", "_gather_and_release"])
+def test_the_audited_global_step_is_the_one_before_the_release(graph, fetch):
+  """A step taken right after the release must not show in the value fetched by it.
+
+  An Identity of a ref variable aliases its buffer: the fetched value is read when it is sent,
+  after everything else in the run. Here a step (+5) runs in the same run, after the release.
+  """
+  epoch_input, _, _ = _model()
+  barrier = _barrier(epoch_input, num_workers=1)
+  barrier.begin()
+  global_step = v1.train.get_global_step()
+  parts = getattr(barrier, fetch)
+  released, step = (parts[0], parts[1]) if fetch == "_release" else (parts[2], parts[3])
+  with tf.control_dependencies([released]):
+    later_step = v1.assign_add(global_step, 5)
+  with v1.Session() as sess:
+    sess.run(v1.global_variables_initializer())
+    got, after = sess.run([step, later_step], {barrier._seq: 0, barrier._release_value: 0,
+                                               barrier._new_completed: 0})
+  assert (int(got), int(after)) == (0, 5)
+
+
 def test_exports():
   assert sorted(barrier_lib.__all__) == ["ChiefAction", "EpochBarrierHook"]
 
