@@ -183,50 +183,49 @@ class TestSafeSyncTokensHook:
 @pytest.mark.slow
 class TestSafeSyncTokensHookCluster:
 
-  @pytest.mark.timeout(90)
-  def test_a_dead_worker_is_named_and_nothing_hangs(self, tmp_path):
-    timeout_secs = 5
+  TIMEOUT_SECS = 5
+
+  def _job_where_worker_2_dies(self, tmp_path, how: str):
+    """3 workers, shards of 7; worker:2 exits (code 7) as `how` says. Returns the result and,
+    for each survivor, that it failed by itself in time, without a stray thread error."""
     args = ["--shard_batches=7,7,7", f"--output_dir={tmp_path}",
-            f"--epochsync_step_timeout_secs={timeout_secs}", "--epochsync_warn_after_secs=2",
+            f"--epochsync_step_timeout_secs={self.TIMEOUT_SECS}", "--epochsync_warn_after_secs=2",
             "--epochsync_log_every_secs=1"]
     with LocalCluster(num_workers=3, timeout_secs=60, fail_fast_secs=None,
                       log_dir=str(tmp_path / "logs")) as cluster:
-      cluster.start(TASK + args, per_task_args={"worker:2": ["--die_after_steps=3"]})
+      cluster.start(TASK + args, per_task_args={"worker:2": [how]})
       result = cluster.wait()
     dead = result.tasks["worker:2"]
-    assert dead.returncode == 7 and "exits on purpose after 3 steps" in dead.log
+    assert dead.returncode == 7, dead.log
     for name in ("worker:0", "worker:1"):
       task = result.tasks[name]
       assert task.returncode not in (0, None) and not task.timed_out, name
-      assert task.elapsed_secs - dead.elapsed_secs < timeout_secs + 10, name
-      assert re.search(rf"{name} has waited \d s for step 3: 2/3 workers sent their gradient; "
-                       r"missing worker:2", task.log), name
-      assert (f"hooks.errors.StepTimeoutError: step 3 timed out after {timeout_secs} s on {name}: "
-              "2/3 workers sent their gradient; missing worker:2 (check its log or raise "
-              "--epochsync_step_timeout_secs)") in task.log, name
+      # Not stop_grace_period_secs (120 s) later: nothing waits for a blocked aggregation.
+      assert task.elapsed_secs - dead.elapsed_secs < self.TIMEOUT_SECS + 10, name
       assert "Exception in thread" not in task.log, name
+    return result
+
+  def _step_timeout_line(self, name: str, step: int) -> str:
+    return (f"hooks.errors.StepTimeoutError: step {step} timed out after {self.TIMEOUT_SECS} s on "
+            f"{name}: 2/3 workers sent their gradient; missing worker:2 (check its log or raise "
+            "--epochsync_step_timeout_secs)")
+
+  @pytest.mark.timeout(90)
+  def test_a_dead_worker_is_named_and_nothing_hangs(self, tmp_path):
+    result = self._job_where_worker_2_dies(tmp_path, "--die_after_steps=3")
+    assert "exits on purpose after 3 steps" in result.tasks["worker:2"].log
+    for name in ("worker:0", "worker:1"):
+      log = result.tasks[name].log
+      assert re.search(rf"{name} has waited \d s for step 3: 2/3 workers sent their gradient; "
+                       r"missing worker:2", log), name
+      assert self._step_timeout_line(name, 3) in log, name
     assert "aggregation stopped" in result.tasks["worker:0"].log
 
   @pytest.mark.timeout(90)
   def test_a_worker_dying_mid_step_is_named_and_nothing_hangs(self, tmp_path):
     """worker:2 dies after its step-3 GRAD marker, before its gradient: the chief's take_grad
     waits for a gradient that never comes, and closing the session must cancel it at once."""
-    timeout_secs = 5
-    args = ["--shard_batches=7,7,7", f"--output_dir={tmp_path}",
-            f"--epochsync_step_timeout_secs={timeout_secs}", "--epochsync_warn_after_secs=2",
-            "--epochsync_log_every_secs=1"]
-    with LocalCluster(num_workers=3, timeout_secs=60, fail_fast_secs=None,
-                      log_dir=str(tmp_path / "logs")) as cluster:
-      cluster.start(TASK + args, per_task_args={"worker:2": ["--die_in_step=3"]})
-      result = cluster.wait()
-    dead = result.tasks["worker:2"]
-    assert dead.returncode == 7 and "exits on purpose in the middle of step 3" in dead.log
+    result = self._job_where_worker_2_dies(tmp_path, "--die_in_step=3")
+    assert "exits on purpose in the middle of step 3" in result.tasks["worker:2"].log
     for name in ("worker:0", "worker:1"):
-      task = result.tasks[name]
-      assert task.returncode not in (0, None) and not task.timed_out, name
-      # Not stop_grace_period_secs (120 s) later: nothing waits for the blocked aggregation.
-      assert task.elapsed_secs - dead.elapsed_secs < timeout_secs + 10, name
-      assert (f"hooks.errors.StepTimeoutError: step 2 timed out after {timeout_secs} s on {name}: "
-              "2/3 workers sent their gradient; missing worker:2 (check its log or raise "
-              "--epochsync_step_timeout_secs)") in task.log, name
-      assert "Exception in thread" not in task.log, name
+      assert self._step_timeout_line(name, 2) in result.tasks[name].log, name
