@@ -99,6 +99,9 @@ class RunStartHook(_v1.train.SessionRunHook):
           "(TF_CONFIG's task.index, or --task_index)")
 
   def _chief_incarnation(self) -> int:
+    """The chief's incarnation; waits for its server to come up (a worker may start first)."""
+    self._liveness.wait_until_up([self._chief], time.monotonic() + self._timeout,
+                                 "at the start of the run")
     answer = self._liveness.probe([self._chief])[self._chief]
     if answer.state != "up":
       self._liveness.raise_if_any_died("at the start of the run")

@@ -79,6 +79,43 @@ class TestRunStartHook:
     assert 0.4 <= time.monotonic() - start < 3
     timer.join()
 
+  def test_a_worker_waits_for_a_chief_that_comes_up_after_it(self):
+    """A worker on long-lived ps tasks finds the model ready at once and may get here before
+    the relaunched chief's server is up: it waits for it instead of failing."""
+    server = tf.distribute.Server.create_local_server()
+    probes = _Probes(chief_incarnation=42)
+    probes.answers["chief"] = Probe("down", None, "connection refused")
+
+    def task(is_chief, name):
+      with tf.Graph().as_default():
+        hook = _hook(probes, is_chief=is_chief, task_name=name)
+        hook.begin()
+        sess = v1.Session(server.target)
+      return hook, sess
+
+    chief_hook, chief = task(True, "chief:0")
+    worker_hook, worker = task(False, "worker:1")
+    chief.run(chief_hook._run_id.initializer)
+
+    def chief_comes_up():
+      probes.answers["chief"] = Probe("up", 42)
+      chief_hook.after_create_session(chief, None)
+
+    timer = threading.Timer(0.6, chief_comes_up)
+    start = time.monotonic()
+    timer.start()
+    worker_hook.after_create_session(worker, None)
+    assert 0.5 <= time.monotonic() - start < 3
+    timer.join()
+
+  def test_a_chief_that_never_comes_up_is_named_at_the_startup_timeout(self, graph):
+    probes = _Probes()
+    probes.answers["chief"] = Probe("down", None, "connection refused")
+    with pytest.raises(StartupTimeoutError, match=r"^worker:1 gave up at the start of the run: "
+                                                  r"chief:0 never came up \(chief:0 at chief: "
+                                                  r"connection refused\)"):
+      _session_with(_hook(probes, is_chief=False, timeout=0.5))
+
   def test_a_worker_gives_up_at_its_startup_timeout_naming_the_chief(self, graph):
     hook = _hook(_Probes(chief_incarnation=42), is_chief=False, timeout=0.5)
     start = time.monotonic()
