@@ -246,9 +246,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._abort(session)
       self._fail(wait, self._missing(session, wait.seq))
     try:
-      arrived, step = self._result(call, wait)[0], -1
-      if release:
-        step = self._result(call, wait)[3]
+      result = self._result(call, wait)
+      arrived, step = result[0], (result[3] if release else -1)
     except Exception:
       self._abort(session)
       raise
