@@ -158,13 +158,15 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       fetched = _packed(arrivals) if n > 1 else []  # 2 tensors to fetch instead of 8
       self._gather = (fetched, stored)
       # The chief's release reads global_step (for the audit) while everyone is still held.
-      # A copy (`+ 0`), not tf.identity: an Identity of a ref variable aliases its buffer, so
-      # the fetched value would be serialized after the release, with the steps that the
-      # released workers have taken since in it.
+      # A copy, not tf.identity: an Identity of a ref variable aliases its buffer, so the
+      # fetched value would be serialized after the release, with the steps that the released
+      # workers have taken since in it. And `+ 0` with a fed zero: grappler turns `x + 0` with
+      # a constant zero back into an Identity when the run's graph has no assign op.
       global_step = _v1.train.get_global_step()
+      self._zero = _v1.placeholder(tf.int64, [], "zero")
 
       def step_now(name: str) -> tf.Tensor:  # Read when this op runs (within its dependencies).
-        return (tf.add(global_step, 0, name=name) if global_step is not None
+        return (tf.add(global_step, self._zero, name=name) if global_step is not None
                 else tf.constant(-1, tf.int64, name=name))
 
       step = step_now("global_step_at_release")
@@ -219,7 +221,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       arrivals, step = self._gather_arrivals(session, wait, stats, release=fold)
       fields = {} if fold else self._run_chief_actions(session, wait, arrivals)
       if not fold:
-        _, step = self._run(session, self._release, {self._release_value: seq})
+        _, step = self._run(session, self._release, self._release_feed(seq))
       if self._audit and barrier == "epoch_end":
         self._audit.write(stats.epoch, arrivals, time.time(), fields,
                           None if step < 0 else int(step))
@@ -240,7 +242,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     completed = own.epoch + 1 if wait.barrier == "epoch_end" else 0
     call = BackgroundRun(session, self._gather_and_release if release else self._gather,
                          wait.deadline,
-                         feed_dict={self._seq: wait.seq, self._new_completed: completed},
+                         feed_dict={self._seq: wait.seq, self._new_completed: completed,
+                                    self._zero: 0},
                          name=f"epochsync-barrier-{wait.barrier}")
     if not self._wait(session, call, wait):
       self._abort(session)
@@ -294,10 +297,13 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   def _abort(self, session, code: int = _ABORT) -> None:
     """Releases every waiting worker with an abort, so each fails now instead of timing out."""
     try:
-      self._run(session, self._release, {self._release_value: code})
+      self._run(session, self._release, self._release_feed(code))
     except tf.errors.OpError as e:  # Already failing: say so, keep the original error.
       logging.error("%s could not release the workers with an abort: %s", self.task_name,
                     e.message)
+
+  def _release_feed(self, value: int):
+    return {self._release_value: value, self._zero: 0}
 
   def _arrive_and_wait_for_release(self, session, wait: "_Wait", stats: EpochStats) -> None:
     """A worker: one run enqueues its arrival (never blocks) and dequeues its release."""

@@ -71,8 +71,31 @@ def test_the_audited_global_step_is_the_one_before_the_release(graph, fetch):
   with v1.Session() as sess:
     sess.run(v1.global_variables_initializer())
     got, after = sess.run([step, later_step], {barrier._seq: 0, barrier._release_value: 0,
-                                               barrier._new_completed: 0})
+                                               barrier._new_completed: 0, barrier._zero: 0})
   assert (int(got), int(after)) == (0, 5)
+
+
+def test_the_release_run_computes_the_audited_step_instead_of_aliasing_it(graph):
+  """The release run alone, as the chief runs it, in the graph TensorFlow really executes.
+
+  Its graph has no assign op, so grappler rewrites `global_step + 0` (a constant zero) into an
+  Identity, which aliases the ref variable: a CI run audited 171 where the checkpoint saved 169.
+  """
+  epoch_input, _, _ = _model()
+  ref_step = v1.get_variable("ref_step", [], tf.int64, v1.zeros_initializer(), trainable=False,
+                             use_resource=False, collections=[v1.GraphKeys.GLOBAL_VARIABLES])
+  v1.get_default_graph().clear_collection(v1.GraphKeys.GLOBAL_STEP)
+  v1.add_to_collection(v1.GraphKeys.GLOBAL_STEP, ref_step)  # a ref global_step, as in jobs
+  barrier = _barrier(epoch_input, num_workers=2)
+  barrier.begin()
+  server = v1.train.Server.create_local_server()
+  with v1.Session(server.target) as sess:
+    sess.run(v1.global_variables_initializer())
+    metadata = v1.RunMetadata()
+    sess.run(barrier._release, barrier._release_feed(0),
+             options=v1.RunOptions(output_partition_graphs=True), run_metadata=metadata)
+  ops = {n.name: n.op for g in metadata.partition_graphs for n in g.node}
+  assert ops["epochsync_barrier/global_step_at_release"] not in ("Identity", "Snapshot"), ops
 
 
 def test_exports():
