@@ -256,8 +256,9 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       # progress (read by the watchdog's messages only) says the gradients were sent.
       with tf.device(dev):
         grad_marked = markers.enqueue((wid, GRAD, tf.cast(checked_step, tf.int64)))
-        with tf.control_dependencies(applies):
-          sent = _v1.scatter_update(progress, [wid], tf.reshape(tf.cast(local_step, tf.int64), [1]))
+        with tf.control_dependencies(applies):  # checked_step: ps:0 receives it once per step
+          sent = _v1.scatter_update(progress, [wid], tf.reshape(tf.cast(checked_step, tf.int64),
+                                                                [1]))
       with tf.control_dependencies([grad_marked, sent]), tf.device(dev):
         token = tokens[wid].dequeue()
       train_op = local_step.assign(token, name=name or "train_op")
@@ -331,24 +332,25 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       n = num_active.read_value()
       ids, kinds, steps = markers.dequeue_many(n)
       is_grad = tf.equal(kinds, GRAD)
-      g = tf.reduce_sum(tf.cast(is_grad, tf.int32))
+      grads = tf.cast(is_grad, tf.int32)
+      g = tf.reduce_sum(grads)
       d = tf.reduce_sum(tf.cast(tf.equal(kinds, DONE), tf.int32))
       stopped = tf.reduce_any(tf.equal(kinds, STOP))  # Then change nothing.
-      grad_ids, grad_steps = tf.boolean_mask(ids, is_grad), tf.boolean_mask(steps, is_grad)
 
       # A hand-built Switch/Merge, not tf.cond: cond_v2 cannot capture the sparse accumulators'
       # ref handles. Every op of the update depends on g_on, so all are dead when it is skipped.
       g_off, g_on = tf.raw_ops.Switch(data=g, pred=tf.logical_and(g > 0, tf.logical_not(stopped)))
-      step_now = tf.cast(tf.identity(global_step), tf.int64)
-      stale = tf.not_equal(grad_steps, step_now)
-      check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(stale)), [
+      step_now = tf.cast(global_step, tf.int64)
+      stale = tf.logical_and(is_grad, tf.not_equal(steps, step_now))
+      # The raw op, without tf.debugging.Assert's guarding cond (9 ops more every step).
+      check = tf.raw_ops.Assert(condition=tf.logical_not(tf.reduce_any(stale)), data=[
           "WorkerDoneSyncReplicasOptimizer: stale gradient(s), count:",
           tf.reduce_sum(tf.cast(stale, tf.int32)), "from worker ids:",
-          tf.boolean_mask(grad_ids, stale), "with local_step:", tf.boolean_mask(grad_steps, stale),
+          tf.boolean_mask(ids, stale), "with local_step:", tf.boolean_mask(steps, stale),
           "but global_step is", step_now, "; the accumulators dropped them. Every worker must "
           "run graph_keys.EPOCH_START_OPS at each epoch start."], summarize=64)
       # Tokens per worker (0 or 1), ready before the update so that only the enqueues follow it.
-      counts = tf.math.unsorted_segment_sum(tf.ones_like(grad_ids), grad_ids, len(tokens))
+      counts = tf.math.unsorted_segment_sum(grads, ids, len(tokens))
       counts = [counts[i:i + 1] for i in range(len(tokens))]
     divisor = self._num_workers if self._divide_by_initial else g_on
     taken = []
