@@ -1,5 +1,6 @@
 """Tests for hooks/liveness.py: who is up, who died, who restarted; probes of real servers."""
 
+import threading
 import time
 
 import portpicker
@@ -137,6 +138,31 @@ def test_the_grpc_probe_of_a_real_server_and_of_a_closed_port():
   assert answers["ps:0"].state == "up" and answers["ps:0"].incarnation != 0
   assert monitor.probe(["ps:0"])["ps:0"].incarnation == answers["ps:0"].incarnation
   assert answers["ps:1"].state == "down" and "UNAVAILABLE" in answers["ps:1"].detail
+
+
+@pytest.mark.timeout(30)
+def test_a_task_that_comes_up_after_a_failed_probe_is_seen_up_at_once():
+  """gRPC's default reconnect backoff (1 s) would hide it for up to a second after it came up.
+
+  At start-up every task waits for others this way (ps tasks before the session, the chief's
+  server in the run start), one after the other: each such second was start-up time.
+  """
+  port = portpicker.pick_unused_port()
+  monitor = LivenessMonitor({"ps:0": f"localhost:{port}"}, "worker:0")
+  assert monitor.probe(["ps:0"])["ps:0"].state == "down"  # the channel's connection failed
+  up_at = []
+
+  def start_the_server_later():
+    time.sleep(0.5)
+    up_at.append((tf.distribute.Server(tf.train.ClusterSpec({"ps": [f"localhost:{port}"]}),
+                                       "ps", 0), time.monotonic()))
+
+  thread = threading.Thread(target=start_the_server_later)
+  thread.start()
+  monitor.wait_until_up(["ps:0"], deadline=time.monotonic() + 20, where="in the test")
+  seen_at = time.monotonic()
+  thread.join()
+  assert seen_at - up_at[0][1] < 0.4  # 1.1 s after the first probe, i.e. 0.6 s late, before
 
 
 def test_a_dead_ps_is_named_first_with_the_others_that_are_gone():
