@@ -112,7 +112,6 @@ class EpochInput:
       self._cardinality = dataset.cardinality()  # INFINITE is refused at session creation
       self._iterator = _v1.data.make_initializable_iterator(dataset)
       self._buffer = _v1.FIFOQueue(2, [s.dtype for s in flat_spec], name="buffer")
-      self._preload = self._refill()
       taken = self._buffer.dequeue()
       taken = [taken] if len(flat_spec) == 1 and not isinstance(taken, list) else taken
       with tf.control_dependencies(taken):
@@ -214,8 +213,12 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
 
   def begin(self):
     self._graph = _v1.get_default_graph()
-    self._start_ops = [self._input._iterator.initializer, self._input._set_epoch] + (
+    start_ops = [self._input._iterator.initializer, self._input._set_epoch] + (
         _v1.get_collection(graph_keys.EPOCH_START_OPS))
+    # One run starts an epoch: a fresh iterator, the epoch tensor, e.g. the sync optimizer's
+    # local step, and then the look-ahead's first batch (whether the shard is empty).
+    with tf.control_dependencies(start_ops), tf.name_scope("epochsync_input/start"):
+      self._start_and_preload = self._input._refill()
     name = self._input.task_name
     hooks = preflight.hooks_of_calling_session(self)
     if hooks is None:
@@ -249,11 +252,10 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
       self._started_at = time.time()
       self._batches = self._examples = 0
       self._pending_sizes.clear()
-      # Fresh iterator, the epoch tensor, and e.g. the sync optimizer's local step.
-      session.run(self._start_ops, {self._input._epoch_value: self._epoch})
+      has_value, size = session.run(self._start_and_preload,
+                                    {self._input._epoch_value: self._epoch})
       for listener in self._input.listeners:
         listener.epoch_started(session, self._epoch)
-      has_value, size = session.run(self._input._preload)
       if has_value:
         self._pending_sizes.append(int(size))
         return False
