@@ -130,6 +130,10 @@ def _print_trace(run: dict) -> None:
     for device, ops in sorted((devices or {}).items()):
       span = max(s + d for _, s, d in ops) if ops else 0
       print(f"  {task} sees {device}: {len(ops)} ops, span {span / 1e3:.2f} ms")
+  for task, runs in sorted(run["hook_traces"].items()):  # e.g. the chief's aggregation run
+    for fetch, devices in sorted(runs.items()):
+      for device, ops in sorted((devices or {}).items()):
+        print(f"  {task} {fetch[:50]} on {device}: {len(ops)} ops")
   for task, hooks in sorted(run["hook_secs"].items()):
     for name, secs in sorted(hooks.items()):
       print(f"  {task} {name}: {secs * 1e6:.0f} us")

@@ -166,7 +166,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._zero = _v1.placeholder(tf.int64, [], "zero")
 
       def step_now(name: str) -> tf.Tensor:  # Read when this op runs (within its dependencies).
-        return (tf.add(global_step, self._zero, name=name) if global_step is not None
+        return (tf.add(tf.cast(global_step, tf.int64), self._zero, name=name)
+                if global_step is not None
                 else tf.constant(-1, tf.int64, name=name))
 
       step = step_now("global_step_at_release")

@@ -75,14 +75,15 @@ def test_the_audited_global_step_is_the_one_before_the_release(graph, fetch):
   assert (int(got), int(after)) == (0, 5)
 
 
-def test_the_release_run_computes_the_audited_step_instead_of_aliasing_it(graph):
+@pytest.mark.parametrize("dtype", [tf.int64, tf.int32])  # an int32 global_step: older jobs
+def test_the_release_run_computes_the_audited_step_instead_of_aliasing_it(graph, dtype):
   """The release run alone, as the chief runs it, in the graph TensorFlow really executes.
 
   Its graph has no assign op, so grappler rewrites `global_step + 0` (a constant zero) into an
   Identity, which aliases the ref variable: a CI run audited 171 where the checkpoint saved 169.
   """
   epoch_input, _, _ = _model()
-  ref_step = v1.get_variable("ref_step", [], tf.int64, v1.zeros_initializer(), trainable=False,
+  ref_step = v1.get_variable("ref_step", [], dtype, v1.constant_initializer(7), trainable=False,
                              use_resource=False, collections=[v1.GraphKeys.GLOBAL_VARIABLES])
   v1.get_default_graph().clear_collection(v1.GraphKeys.GLOBAL_STEP)
   v1.add_to_collection(v1.GraphKeys.GLOBAL_STEP, ref_step)  # a ref global_step, as in jobs
@@ -92,8 +93,9 @@ def test_the_release_run_computes_the_audited_step_instead_of_aliasing_it(graph)
   with v1.Session(server.target) as sess:
     sess.run(v1.global_variables_initializer())
     metadata = v1.RunMetadata()
-    sess.run(barrier._release, barrier._release_feed(0),
-             options=v1.RunOptions(output_partition_graphs=True), run_metadata=metadata)
+    _, step = sess.run(barrier._release, barrier._release_feed(0),
+                       options=v1.RunOptions(output_partition_graphs=True), run_metadata=metadata)
+  assert step == 7
   ops = {n.name: n.op for g in metadata.partition_graphs for n in g.node}
   assert ops["epochsync_barrier/global_step_at_release"] not in ("Identity", "Snapshot"), ops
 
