@@ -5,7 +5,7 @@
   ./es bench --full          + the 0.1M/10M MLPs, the CTR model, async with vs without the hooks,
                              start-up at 2/4/8 workers (about 40 minutes more)
   ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
-                             sizes, ctr, async, startup_scaling (each is also `python -m bench.<module>` with its own flags)
+                             sizes, ctr, async, startup_scaling, input_overhead (each is also `python -m bench.<module>` with its own flags)
 
 Each benchmark runs its compared variants alternately in one invocation (5 repetitions) and
 writes a JSON (with the load average it ran under) and, where there is one, a PNG plot.
@@ -39,6 +39,7 @@ _FULL = {
                                       "--variants=async,async-hooks", "--output={out}.json"]),
     "startup_scaling": ("bench.startup_scaling", ["--workers=2,4,8", "--repetitions=5",
                                           "--output={out}.json", "--plot={out}.png"]),
+    "input_overhead": ("bench.input_overhead", ["--output={out}.json"]),
 }
 
 

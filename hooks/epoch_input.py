@@ -57,7 +57,11 @@ class EpochListener:
     """Called once with the first epoch this session trains (> 0 after a restart)."""
 
   def epoch_started(self, session, epoch: int) -> None:
-    """Called before the first step of `epoch`."""
+    """Called before the first step of `epoch`, after its iterator read the first batch.
+
+    What the epoch's dataset reads must be set earlier: in `epoch_ended` of the epoch before
+    (after the barrier: `order` > 20) or in `session_created`.
+    """
 
   def epoch_ended(self, session, stats: EpochStats) -> None:
     """Called after this worker's last step of `stats.epoch` (at once for an empty shard)."""
