@@ -55,6 +55,8 @@ def _ours(rows: Dict[str, dict], skews: List[float]) -> List[dict]:
     largest = max(range(len(rows)), key=lambda i: sizes[i])
     spans = [(a, b) for a, b in rows[f"worker:{largest}"]["steps"] if start <= a and b <= end]
     steps = [b - a for a, b in spans]
+    worker = rows[f"worker:{largest}"]
+    own_release = ([worker["started"]] + worker["released"])[epoch]
     history = {r["task"]: r["history"][epoch] for r in rows.values()}
     if any(h[1] != sizes[r["worker_id"]] for r, h in
            ((rows[t], history[t]) for t in rows)):
@@ -67,6 +69,8 @@ def _ours(rows: Dict[str, dict], skews: List[float]) -> List[dict]:
                 "step_ms": statistics.median(steps) * 1e3, "steps": len(steps),
                 # wall = start_secs + sum of the steps + gaps between steps + end_secs
                 "start_secs": spans[0][0] - start, "steps_sum_secs": sum(steps),
+                # start = the release reaching that worker + its epoch start (one run)
+                "release_secs": own_release - start, "epoch_start_secs": spans[0][0] - own_release,
                 "between_steps_secs": spans[-1][1] - spans[0][0] - sum(steps),
                 "end_secs": end - spans[-1][1]})
   return out
@@ -142,7 +146,8 @@ def main(argv):
       print(f"rep={rep} ours  skew={e['skew']:.0%} shards={e['shards']}: epoch "
             f"{e['wall_secs']:.2f} s, ideal {e['ideal_secs']:.2f} s ({e['steps']} steps of "
             f"{e['step_ms']:.1f} ms): {e['ratio']:.3f}; phased ideal {e['phased_ideal_secs']:.2f} s: "
-            f"{e['phased_ratio']:.3f}; start {e['start_secs']:.3f} s, steps "
+            f"{e['phased_ratio']:.3f}; start {e['start_secs']:.3f} s (release "
+            f"{e['release_secs'] * 1e3:.0f} ms + epoch start {e['epoch_start_secs'] * 1e3:.0f} ms), steps "
             f"{e['steps_sum_secs']:.3f} s, between {e['between_steps_secs']:.3f} s, end "
             f"{e['end_secs']:.3f} s", flush=True)
     for skew in order:
