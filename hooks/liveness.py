@@ -131,14 +131,18 @@ class LivenessMonitor:
     return error
 
   def wait_until_up(self, names: Sequence[str], deadline: float, where: str,
-                    flag: str = "--epochsync_startup_timeout_secs") -> None:
-    """Blocks until every task in `names` answered once; StartupTimeoutError at the deadline."""
-    pending = list(names)
+                    flag: str = "--epochsync_startup_timeout_secs") -> Dict[str, Probe]:
+    """Blocks until every task in `names` answered once; StartupTimeoutError at the deadline.
+
+    Returns each task's first answer that found it up (its incarnation included).
+    """
+    pending, up = list(names), {}
     while pending:
       answers = self.probe(pending)
-      pending = [n for n in pending if answers[n].state != _UP]
+      up.update((n, a) for n, a in answers.items() if a.state == _UP)
+      pending = [n for n in pending if n not in up]
       if not pending:
-        return
+        return up
       if self._clock() >= deadline:
         details = "; ".join(f"{n} at {self.addresses[n]}: {answers[n].detail}" for n in pending)
         error = StartupTimeoutError(

@@ -100,13 +100,8 @@ class RunStartHook(_v1.train.SessionRunHook):
 
   def _chief_incarnation(self) -> int:
     """The chief's incarnation; waits for its server to come up (a worker may start first)."""
-    self._liveness.wait_until_up([self._chief], time.monotonic() + self._timeout,
-                                 "at the start of the run")
-    answer = self._liveness.probe([self._chief])[self._chief]
-    if answer.state != "up":
-      self._liveness.raise_if_any_died("at the start of the run")
-      raise StartupTimeoutError(f"{self._task} cannot start the run: {self._chief} does not "
-                                f"answer ({answer.detail}); check its log", [self._chief])
+    answer = self._liveness.wait_until_up([self._chief], time.monotonic() + self._timeout,
+                                          "at the start of the run")[self._chief]
     return int(answer.incarnation) & (2**63 - 1)
 
   def _wait_for_run(self, session, incarnation: int) -> None:

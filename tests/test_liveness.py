@@ -100,8 +100,10 @@ class TestLivenessMonitor:
 
   def test_wait_until_up_returns_once_all_answered(self):
     cluster = FakeCluster()
-    cluster.monitor().wait_until_up(list(ADDRESSES), deadline=10, where="x")
+    up = cluster.monitor().wait_until_up(list(ADDRESSES), deadline=10, where="x")
     assert sorted(cluster.probed) == sorted(ADDRESSES.values())
+    assert {n: a.incarnation for n, a in up.items()} == {"chief:0": 100, "worker:0": 101,
+                                                          "ps:0": 102, "ps:1": 103}
 
   def test_explain_lost_session(self):
     cluster = FakeCluster()
