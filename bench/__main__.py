@@ -7,7 +7,7 @@
                              resume's skip and save (about 40 minutes more)
   ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
-                             save_stall
+                             save_stall, run_cost
                              (each is also `python -m bench.<module>` with its own flags)
 
 Each benchmark runs its compared variants alternately in one invocation (5 repetitions) and
@@ -45,6 +45,7 @@ _FULL = {
     "input_overhead": ("bench.input_overhead", ["--output={out}.json"]),
     "resume_cost": ("bench.resume_cost", ["--output={out}.json"]),
     "save_stall": ("bench.save_stall", ["--output={out}.json"]),
+    "run_cost": ("bench.run_cost", ["--output={out}.json"]),
 }
 
 

@@ -24,9 +24,11 @@ Typical usage:
   python -m bench.step_overhead --trace --pairs=0 --workers=2,4,8   # op counts only
   python -m bench.step_overhead --models=mlp0.1m,mlp1m,ctr --workers=2,4 --pairs=20
   python -m bench.step_overhead --variants=async,async-hooks    # epoch hooks without sync
+  python -m bench.step_overhead --variants=stock,ours@/tmp/base,ours   # a change vs its base
 """
 
 import itertools
+import os
 import statistics
 import sys
 from typing import Dict, List, Tuple
@@ -52,7 +54,8 @@ _NUM_PS = flags.DEFINE_integer("num_ps", None, "ps tasks (default 1, the ctr mod
 _OUTPUT = flags.DEFINE_string("output", None, "Write all results as JSON here.")
 _PLOT = flags.DEFINE_string("plot", None, "Write a PNG of the extra ms per step here.")
 _VARIANTS = flags.DEFINE_list("variants", ["stock", "ours"], "Run alternately, in this order; "
-                              "ratios are against the first.")
+                              "ratios are against the first. `ours@DIR`: ours with the hooks "
+                              "and bench of the checkout in DIR (e.g. the commit before a change).")
 _TRACE = flags.DEFINE_bool("trace", False, "Before the timed runs, one run per variant that "
                            "traces step 30 (RunMetadata FULL_TRACE) and counts its ops.")
 
@@ -83,10 +86,24 @@ def _num_ps(model: str) -> int:
   return _NUM_PS.value or (2 if model == "ctr" else 1)
 
 
+def _task_module(variant: str) -> Tuple[List[str], str]:
+  """The task's python arguments and its bench.sync_task variant.
+
+  `ours@/path/to/checkout` runs `ours` with that checkout's hooks and bench (e.g. a worktree of
+  the commit before a change), so a change is paired against its base in one invocation.
+  """
+  if "@" not in variant:
+    return ["-m", "bench.sync_task"], variant
+  variant, tree = variant.split("@", 1)
+  return ["-c", f"import runpy, sys; sys.path.insert(0, {os.path.abspath(tree)!r}); "
+          "runpy.run_module('bench.sync_task', run_name='__main__')"], variant
+
+
 def _one_run(variant: str, num_workers: int, model: str, params: str, others: OthersCpu,
              trace: bool = False) -> dict:
-  args = ["-m", "bench.sync_task", f"--variant={variant}", f"--model={model}",
-          f"--params={params}", f"--steps={_STEPS.value}", f"--warmup={_WARMUP.value}"]
+  module, task_variant = _task_module(variant)
+  args = module + [f"--variant={task_variant}", f"--model={model}",
+                   f"--params={params}", f"--steps={_STEPS.value}", f"--warmup={_WARMUP.value}"]
   if trace:
     args += [f"--trace_step={min(30, _STEPS.value - 1)}", "--time_hooks"]
   load, others_before = common.load_average()[0], others.cores_before()
@@ -102,7 +119,7 @@ def _one_run(variant: str, num_workers: int, model: str, params: str, others: Ot
   last = max(row["tokens"][-1] for row in rows.values())
   # Sync: the last token is the global step after _STEPS updates. Async: every worker's steps
   # raised global_step, less the increments TensorFlow's unlocked assign_add may lose.
-  ok = (last == _STEPS.value if variant in _SYNC else
+  ok = (last == _STEPS.value if task_variant in _SYNC else
         _STEPS.value * num_workers * 0.9 <= last <= _STEPS.value * num_workers)
   if not ok:
     raise RuntimeError(f"{variant}: last global step {last} after {_STEPS.value} steps of "

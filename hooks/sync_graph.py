@@ -5,7 +5,8 @@ these. Markers are (worker id, kind, local_step); a kind is the marker's weight 
 of gradients: GRAD 1, DONE 0, STOP a negative number no count of GRADs makes up.
 
 Typical usage (inside WorkerDoneSyncReplicasOptimizer.apply_gradients):
-  aggregate = aggregate_op(opt, num_workers, num_active, markers, tokens, accums, step)
+  aggregate = aggregate_op(opt, num_workers, divide_by_initial, num_active, markers, tokens,
+                           accums, step)
 """
 
 from typing import List, Optional, Sequence, Tuple
@@ -23,11 +24,11 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
                  step: tf.Variable, extra_step: Optional[tf.Variable] = None) -> tf.Tensor:
   """One run: dequeue one step's markers, apply the mean of its gradients, hand out tokens.
 
-  Returns g, the number of GRAD markers: > 0 a step was applied (the next run's num_active),
-  0 the epoch is over (every active worker sent DONE; the next run's num_active is
-  num_workers), < 0 a STOP marker came (nothing changed). `num_active` is fed: the workers that
-  send a marker in this step. Besides each token queue's handle and enqueue, the op count does
-  not depend on the number of workers. `step` numbers the steps (global_step or the own
+  Returns g, the number of GRAD markers: > 0 a step was applied, 0 the epoch is over (every
+  active worker sent DONE), < 0 a STOP marker came (nothing changed). `num_active`, an int32
+  variable on the ps, says how many markers to dequeue: a step sets it to its g (a DONE sender
+  leaves the epoch), the chief's count_epoch_op back to num_workers. Besides each token
+  queue's handle and enqueue, the op count does not depend on the number of workers. `step` numbers the steps (global_step or the own
   sync_step); `extra_step`, if any, is a global_step that is incremented too.
   """
   with tf.device(step.device):
@@ -42,6 +43,9 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
     # ref handles. Every op of the update depends on g_on, so all are dead when it is skipped.
     g_off, g_on = tf.raw_ops.Switch(data=g, pred=has_grads)
     _, steps_on = tf.raw_ops.Switch(data=steps, pred=has_grads)  # No STOP marker among them.
+    # The next step's markers come from this step's GRAD senders (a DONE sender left the epoch);
+    # at an epoch's end the chief's count_epoch_op sets all workers again.
+    next_active = _v1.assign(num_active, g_on)
     step_now = tf.cast(step, tf.int64)
     # A GRAD or DONE marker of this step carries step_now (a DONE one: its sender's last token).
     # A gradient with another local_step was dropped by its accumulator: take_grad(g) would wait.
@@ -75,7 +79,7 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
     pieces = tf.split(tf.fill(g_vector, new_step), counts, axis=axis, num=num_workers)
     enqueued = [q.enqueue_many(piece) for piece, q in zip(pieces, tokens)]
     # A Merge waits for its control inputs, dead (skipped) or not, and is not killed by them.
-    with tf.control_dependencies(enqueued):
+    with tf.control_dependencies(enqueued + [next_active]):
       return tf.raw_ops.Merge(inputs=[g_off, g_on]).output
 
 

@@ -160,18 +160,15 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     """Chief thread: one aggregate_op per step until the marker queue is closed."""
     updates_at_epoch_start = 0
     try:
-      # As stock's queue runner. num_active: who sends a marker in the step (all at first).
-      aggregate = session.make_callable(self._ops.aggregate_op, [self._ops.num_active])
-      num_active = len(self._names)
+      aggregate = session.make_callable(self._ops.aggregate_op)  # As stock's queue runner.
       while not coord.should_stop():  # Ends on end()'s STOP markers or a closed marker queue.
-        grads = aggregate(num_active)  # The step's GRAD markers: 0 epoch over, < 0 stopped.
+        grads = aggregate()  # The step's GRAD markers: 0 epoch over, < 0 stopped.
         if grads < 0:
           logging.info("%s: aggregation stopped after %d updates", self.task_name,
                        self.num_updates)
           return
         self.num_aggregations += 1
         self.num_updates += int(grads > 0)
-        num_active = grads if grads > 0 else len(self._names)  # A DONE sender leaves the epoch.
         if grads == 0:  # Every active worker sent DONE: the epoch is over.
           session.run(self._ops.count_epoch_op)  # Then read: one run would not order the two.
           epochs = session.run(self._ops.completed_epochs)

@@ -203,9 +203,9 @@ class _AggregationSession:
   def __init__(self, sync_ops, grads):
     self.ops, self.grads, self.completed = sync_ops, iter(grads), 0
 
-  def make_callable(self, fetch, feeds):
-    del fetch, feeds  # unused
-    return lambda num_active: next(self.grads)
+  def make_callable(self, fetch):
+    del fetch  # unused
+    return lambda: next(self.grads)
 
   def run(self, fetches):
     before, results = self.completed, []
