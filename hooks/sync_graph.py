@@ -32,7 +32,8 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
   sync_step); `extra_step`, if any, is a global_step that is incremented too.
   """
   with tf.device(step.device):
-    ids, kinds, steps = markers.dequeue_many(num_active)
+    # The ref itself, dereferenced by the dequeue: no read op (`num_active` is a RefVariable).
+    ids, kinds, steps = markers.dequeue_many(num_active._ref())  # pylint: disable=protected-access
     # Tokens per worker (0 or 1, in worker order), and their sum g (negative with a STOP).
     counts = tf.math.unsorted_segment_sum(kinds, ids, num_workers)
     axis = tf.constant(0)

@@ -204,7 +204,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       # and its transfer cost the chief ~0.3 ms of CPU per step. In no collection (not saved,
       # no initializer): chief_init_op and count_epoch_op set num_workers.
       num_active = _v1.Variable(n_workers, trainable=False, dtype=tf.int32, collections=[],
-                                name="num_active")
+                                use_resource=False, name="num_active")  # Read without an op.
 
     applies, accums = [], []
     with tf.name_scope(self._name):
