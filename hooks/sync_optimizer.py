@@ -201,7 +201,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       completed_epochs = _v1.Variable(0, trainable=False, dtype=tf.int64, name="completed_epochs")
       # The markers the next aggregation dequeues: its last step's GRAD senders, else (an epoch
       # start) num_workers. A ps variable the aggregation reads and sets, not a feed: a feed
-      # and its transfer cost the chief ~0.3 ms of CPU per step. In no collection (not saved,
+      # and its transfer cost the chief 0.1-0.4 ms of CPU per step. In no collection (not saved,
       # no initializer): chief_init_op and count_epoch_op set num_workers.
       num_active = _v1.Variable(n_workers, trainable=False, dtype=tf.int32, collections=[],
                                 use_resource=False, name="num_active")  # Read without an op.
