@@ -28,8 +28,9 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
   active worker sent DONE), < 0 a STOP marker came (nothing changed). `num_active`, an int32
   variable on the ps, says how many markers to dequeue: a step sets it to its g (a DONE sender
   leaves the epoch), the chief's count_epoch_op back to num_workers. Besides each token
-  queue's handle and enqueue, the op count does not depend on the number of workers. `step` numbers the steps (global_step or the own
-  sync_step); `extra_step`, if any, is a global_step that is incremented too.
+  queue's handle and enqueue, the op count does not depend on the number of workers. `step`
+  numbers the steps (global_step or the own sync_step); `extra_step`, if any, is a global_step
+  that is incremented too.
   """
   with tf.device(step.device):
     # The ref itself, dereferenced by the dequeue: no read op (`num_active` is a RefVariable).
