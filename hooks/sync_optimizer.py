@@ -45,7 +45,8 @@ from hooks.sync_args import resolve_optimizer_arguments
 from hooks.sync_graph import DONE, GRAD, STOP, aggregate_op, reset_op
 from hooks.tokens import SafeSyncTokensHook
 
-__all__ = ["WorkerDoneSyncReplicasOptimizer", "DelegatingOptimizer", "SyncOps", "GRAD", "DONE", "STOP", "ABORT_TOKEN"]
+__all__ = ["WorkerDoneSyncReplicasOptimizer", "DelegatingOptimizer", "SyncOps", "GRAD", "DONE",
+           "STOP", "ABORT_TOKEN"]
 
 _v1 = tf.compat.v1
 ABORT_TOKEN = -1  # A token no step has: it ends a step blocked on its token (the job is failing).
@@ -199,10 +200,8 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       progress = _v1.Variable(tf.fill([n_workers], tf.constant(_PROGRESS_ACTIVE, tf.int64)),
                               trainable=False, name="progress")
       completed_epochs = _v1.Variable(0, trainable=False, dtype=tf.int64, name="completed_epochs")
-      # The markers the next aggregation dequeues: its last step's GRAD senders, else (an epoch
-      # start) num_workers. A ps variable the aggregation reads and sets, not a feed: a feed
-      # and its transfer cost the chief 0.1-0.4 ms of CPU per step. In no collection (not saved,
-      # no initializer): chief_init_op and count_epoch_op set num_workers.
+      # How many markers the next aggregation dequeues: a ps variable, not a feed (bench.run_cost);
+      # not saved; each step sets its g, chief_init_op and count_epoch_op num_workers.
       num_active = _v1.Variable(n_workers, trainable=False, dtype=tf.int32, collections=[],
                                 use_resource=False, name="num_active")  # Read without an op.
 
@@ -226,11 +225,6 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
             applies.append(accum.apply_grad(grad, local_step))
         accums.append((accum, var))
 
-      def _mark(kind: int, step_record):
-        with tf.device(dev):
-          return [markers.enqueue((wid, kind, tf.cast(local_step, tf.int64))),
-                  _v1.scatter_update(progress, [wid], tf.reshape(step_record, [1]))]
-
       # The GRAD marker does not wait for the gradients: the chief's take_grad(g) waits for each
       # variable's, so it applies every variable as soon as its g gradients are in, as stock does.
       # progress (read by the watchdog's messages only) says the gradients were sent.
@@ -243,10 +237,12 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       with tf.control_dependencies([grad_marked, sent]), tf.device(dev):
         token = tokens[wid].dequeue()
       train_op = local_step.assign(token, name=name or "train_op")
-      done_op = tf.group(*_mark(DONE, tf.constant(_PROGRESS_DONE, tf.int64)), name="done")
       local_step_init = local_step.assign(step)
       hook_started = tf.group(local_step_init, name="hook_started")
       with tf.device(dev):
+        done_op = tf.group(markers.enqueue((wid, DONE, tf.cast(local_step, tf.int64))),
+                           _v1.scatter_update(progress, [wid],
+                                              [tf.constant(_PROGRESS_DONE, tf.int64)]), name="done")
         active = _v1.scatter_update(progress, [wid], [tf.constant(_PROGRESS_ACTIVE, tf.int64)])
       refresh = tf.group(local_step_init, active, name="refresh_local_step")
       chief_init = tf.group([local_step_init, num_active.initializer] +
@@ -257,7 +253,6 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
         stop = markers.enqueue_many((tf.fill([n_workers], wid), tf.fill([n_workers], STOP),
                                      tf.zeros([n_workers], tf.int64)))
         close = markers.close(cancel_pending_enqueues=False)
-        # The next epoch starts with every worker: the first aggregation dequeues all markers.
         count_epoch = tf.group(completed_epochs.assign_add(1), num_active.initializer)
         diagnostics = (tf.identity(step), progress.read_value())
         abort_step = tokens[wid].enqueue(tf.constant(ABORT_TOKEN, gs_dtype))

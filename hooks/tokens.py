@@ -1,4 +1,4 @@
-"""The session hook of WorkerDoneSyncReplicasOptimizer: chief aggregation, bounded steps, clean stop.
+"""The session hook of WorkerDoneSyncReplicasOptimizer: aggregation, bounded steps, clean stop.
 
 Typical usage:
   hook = opt.make_session_run_hook(config.is_chief, num_tokens=0, step_timeout_secs=600)
@@ -172,8 +172,8 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
         if grads == 0:  # Every active worker sent DONE: the epoch is over.
           session.run(self._ops.count_epoch_op)  # Then read: one run would not order the two.
           epochs = session.run(self._ops.completed_epochs)
-          logging.info("%s: epoch %d aggregated in %d synchronous steps", self.task_name, epochs - 1,
-                       self.num_updates - updates_at_epoch_start)
+          logging.info("%s: epoch %d aggregated in %d synchronous steps", self.task_name,
+                       epochs - 1, self.num_updates - updates_at_epoch_start)
           updates_at_epoch_start = self.num_updates
         for fn in self._on_aggregated:
           fn(session, grads)
@@ -186,7 +186,8 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
         return  # The session was closed under a stopping thread.
       logging.error("%s: the gradient aggregation failed: %s", self.task_name, e)
       if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError)):
-        error = explain_lost_session(e, self._liveness, self.task_name, self._where("while aggregating the gradients"))
+        error = explain_lost_session(e, self._liveness, self.task_name,
+                                     self._where("while aggregating the gradients"))
         self._stop_now(session, coord, error)
       else:
         coord.request_stop(sys.exc_info())
