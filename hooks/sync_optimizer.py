@@ -68,7 +68,6 @@ class SyncOps:
   completed_epochs: tf.Variable    # Epochs whose every DONE marker the chief has consumed.
   step: tf.Variable                # Numbers the synchronous steps: global_step or own sync_step.
   abort_step_op: Optional[tf.Operation] = None  # This task: an ABORT_TOKEN ends its blocked step.
-  num_active: Optional[tf.Variable] = None  # The markers aggregate_op dequeues next.
   count_epoch_op: Optional[tf.Operation] = None  # The chief, after aggregate_op returned 0.
 
 
@@ -265,7 +264,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     _v1.add_to_collection(graph_keys.SYNC_TRAIN_OPS, train_op)
     self.sync_ops = SyncOps(train_op, done_op, refresh, hook_started, chief_init, aggregate,
                             stop, close, diagnostics, completed_epochs, step, abort_step,
-                            num_active, count_epoch)
+                            count_epoch)
     return train_op
 
   def _own_step(self, global_step):
