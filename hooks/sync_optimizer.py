@@ -68,7 +68,8 @@ class SyncOps:
   completed_epochs: tf.Variable    # Epochs whose every DONE marker the chief has consumed.
   step: tf.Variable                # Numbers the synchronous steps: global_step or own sync_step.
   abort_step_op: Optional[tf.Operation] = None  # This task: an ABORT_TOKEN ends its blocked step.
-  count_epoch_op: Optional[tf.Operation] = None  # The chief, after aggregate_op returned 0.
+  count_epoch_op: Optional[tf.Tensor] = None  # The chief, after aggregate_op returned 0: the
+  # epochs completed, counted and read in one run (num_active reset to num_workers before).
 
 
 class DelegatingOptimizer(_v1.train.Optimizer):
@@ -252,7 +253,9 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
         stop = markers.enqueue_many((tf.fill([n_workers], wid), tf.fill([n_workers], STOP),
                                      tf.zeros([n_workers], tf.int64)))
         close = markers.close(cancel_pending_enqueues=False)
-        count_epoch = tf.group(completed_epochs.assign_add(1), num_active.initializer)
+        with tf.control_dependencies([num_active.initializer]):  # One run counts and reads.
+          count_epoch = tf.identity(completed_epochs.assign_add(1, use_locking=True),
+                                    name="count_epoch")
         diagnostics = (tf.identity(step), progress.read_value())
         abort_step = tokens[wid].enqueue(tf.constant(ABORT_TOKEN, gs_dtype))
       reset = reset_op(markers, tokens, accums, progress, _PROGRESS_ACTIVE)

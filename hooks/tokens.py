@@ -170,8 +170,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
         self.num_aggregations += 1
         self.num_updates += int(grads > 0)
         if grads == 0:  # Every active worker sent DONE: the epoch is over.
-          session.run(self._ops.count_epoch_op)  # Then read: one run would not order the two.
-          epochs = session.run(self._ops.completed_epochs)
+          epochs = int(session.run(self._ops.count_epoch_op))  # Advanced and read in one run.
           logging.info("%s: epoch %d aggregated in %d synchronous steps", self.task_name,
                        epochs - 1, self.num_updates - updates_at_epoch_start)
           updates_at_epoch_start = self.num_updates

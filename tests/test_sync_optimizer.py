@@ -348,6 +348,34 @@ class TestWorkerDoneSyncReplicasOptimizer:
       assert tf.compat.v1.get_collection(graph_keys.EPOCH_START_OPS) == [
           opt.sync_ops.refresh_local_step_op]
 
+  def test_count_epoch_op_returns_the_count_it_advanced_in_one_run(self):
+    """No separate read: each run returns its own new count, even with readers running beside
+    it, and resets the markers to await (num_active) in that same run."""
+    import threading
+    import tensorflow as tf
+    with tf.Graph().as_default():
+      w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.zeros_initializer())
+      opt = _optimizer()
+      opt.minimize(tf.reduce_sum(w * w), global_step=tf.compat.v1.train.get_or_create_global_step())
+      ops = opt.sync_ops
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        reads, stop = [], threading.Event()
+
+        def read():
+          while not stop.is_set():
+            reads.append(int(session.run(ops.completed_epochs)))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+          counts = [int(session.run(ops.count_epoch_op)) for _ in range(200)]
+        finally:
+          stop.set()
+          reader.join(10)
+      assert counts == list(range(1, 201))
+      assert reads == sorted(reads) and set(reads) <= set(range(201))
+
   @pytest.mark.parametrize("model", ["linear", "embedding"])
   def test_one_worker_in_process_equals_oracle(self, model):
     """The whole mechanism in one process (1 worker, ps = this task): 2 epochs of 3 steps.

@@ -179,8 +179,8 @@ class TestSafeSyncTokensHook:
     assert not coord.requests and read.calls == 0
 
   def test_the_chief_logs_each_aggregated_epoch_with_its_number(self, caplog):
-    """The epoch count is read in a run after the one that counts it: a fetch in the same run
-    is not ordered after the assign (the line read 'epoch -1, 1, 1' for epochs 0, 1, 2)."""
+    """The epoch count is advanced and read in one run (count_epoch_op returns the new count):
+    a read in a run of its own could see a count that another run advanced meanwhile."""
     import tensorflow as tf
     hook, opt = _hook(worker_id=0)
     session = _AggregationSession(opt.sync_ops, [3, 3, 0, 3, 0, 2, 0, -1])
@@ -192,31 +192,27 @@ class TestSafeSyncTokensHook:
         "worker:0: epoch 1 aggregated in 1 synchronous steps",
         "worker:0: epoch 2 aggregated in 1 synchronous steps",
         "worker:0: aggregation stopped after 4 updates"]
+    assert session.runs == 3  # One run per epoch end: the count is advanced and read at once.
 
 
 class _AggregationSession:
   """The chief's session as its aggregation thread uses it: each aggregation returns the next
-  scripted number of GRAD markers (0: the epoch is over, < 0: stopped). A fetch of
-  completed_epochs in the run that counts the epoch reads the value before the count, one order
-  TensorFlow allows for a read and an assign in one run."""
+  scripted number of GRAD markers (0: the epoch is over, < 0: stopped). count_epoch_op advances
+  the epoch count and returns the new count; any other fetch (a separate read of the count,
+  which another run could see half-advanced) is refused."""
 
   def __init__(self, sync_ops, grads):
-    self.ops, self.grads, self.completed = sync_ops, iter(grads), 0
+    self.ops, self.grads, self.completed, self.runs = sync_ops, iter(grads), 0, 0
 
   def make_callable(self, fetch):
     del fetch  # unused
     return lambda: next(self.grads)
 
   def run(self, fetches):
-    before, results = self.completed, []
-    for fetch in (fetches if isinstance(fetches, list) else [fetches]):
-      if fetch is self.ops.count_epoch_op:
-        self.completed += 1
-        results.append(None)
-      else:
-        assert fetch is self.ops.completed_epochs, fetch
-        results.append(before)
-    return results if isinstance(fetches, list) else results[0]
+    self.runs += 1
+    assert fetches is self.ops.count_epoch_op, fetches
+    self.completed += 1
+    return self.completed
 
 
 @pytest.mark.cluster
