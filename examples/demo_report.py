@@ -30,17 +30,29 @@ def progress_printer(out=sys.stdout):
   return on_line
 
 def epoch_table(audit: Sequence[dict]) -> List[str]:
-  """Lines of a table epoch x worker: examples, seconds of the worker's epoch, barrier wait."""
+  """Lines of a table epoch x worker: examples, seconds of the worker's epoch, barrier wait.
+
+  An epoch resumed from a mid-epoch checkpoint is marked `*` and explained below the table:
+  its examples count every attempt, its seconds and wait those of the attempt that finished it.
+  """
   workers: List[str] = sorted({w for line in audit for w in line["workers"]})
   width = 24
   head = "epoch | " + " | ".join(f"{w:<{width}}" for w in workers) + " | global_step"
   sub = "      | " + " | ".join(f"{'examples   secs   wait':<{width}}" for _ in workers) + " |"
-  rows = [head, sub]
+  rows, notes = [head, sub], []
   for line in audit:
     cells = []
     for w in workers:
       s: Dict[str, float] = line["workers"][w]
       cells.append(f"{s['examples']:>8} {s['arrived_at'] - s['started_at']:6.2f} "
                    f"{s['barrier_wait_secs']:6.2f}".ljust(width))
-    rows.append(f"{line['epoch']:>5} | " + " | ".join(cells) + f" | {line['global_step']}")
-  return rows
+    attempts = line.get("attempts", [])
+    mark = "*" if len(attempts) > 1 else ""
+    if mark:
+      steps = ", ".join(str(r["global_step"]) for r in line.get("resumed_from", ()))
+      notes.append(f"* epoch {line['epoch']} took attempts {attempts[0]}-{attempts[-1]} "
+                   f"(resumed at global_step {steps}): examples count every attempt, secs "
+                   f"and wait are attempt {attempts[-1]}'s")
+    rows.append(f"{str(line['epoch']) + mark:>5} | " + " | ".join(cells) +
+                f" | {line['global_step']}")
+  return rows + notes

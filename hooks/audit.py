@@ -2,7 +2,12 @@
 
 Each line says what every worker trained in that epoch (batches, examples), when it
 started and arrived at the barrier, how long it waited there, the global step, the
-checkpoint the chief saved, and which attempt (1, then 2 after a restart, ...) trained it. It is the proof that every shard was trained exactly once.
+checkpoint the chief saved, and which attempt (1, then 2 after a restart, ...) trained it. It
+is the proof that every shard was trained exactly once. An epoch resumed from a mid-epoch
+checkpoint counts what the model holds from every attempt (`attempts`; `resumed_from` gives
+the step each attempt resumed from and what each worker skipped): its batches and examples
+equal the shard's; a worker's `started_at`, `arrived_at` and `barrier_wait_secs` are those of
+the attempt that finished the epoch (the worker's `attempt`).
 
 Typical usage:
   for line in hooks.audit.read_audit(model_dir):
@@ -48,13 +53,19 @@ class EpochAudit:
         for name, s in sorted(arrivals.items())}
     record = {"epoch": epoch, "global_step": global_step, "released_at": released_at,
               "attempt": self.attempt, "workers": workers, **fields}
+    for stats in workers.values():  # Whose times these are (the whole epoch's counts).
+      stats["attempt"] = record["attempt"]
     os.makedirs(self._directory, exist_ok=True)
     with open(self.path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
     slowest = max(workers, key=lambda w: workers[w]["arrived_at"])
+    attempts = record.get("attempts", [record["attempt"]])
+    resumed = "" if len(attempts) < 2 else (
+        f" over attempts {attempts[0]}-{attempts[-1]} (resumed at global_step " +
+        ", ".join(str(r["global_step"]) for r in record.get("resumed_from", ())) + ")")
     logging.info(
-        "epoch %d done on all %d workers: %s; global_step %s; checkpoint %s; last to arrive %s",
-        epoch, len(workers),
+        "epoch %d done on all %d workers%s: %s; global_step %s; checkpoint %s; last to "
+        "arrive %s", epoch, len(workers), resumed,
         ", ".join(f"{w} {s['batches']} batches/{s['examples']} examples"
                   for w, s in workers.items()),
         global_step, fields.get("checkpoint"), slowest)

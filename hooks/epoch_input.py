@@ -40,8 +40,9 @@ _RUN_TIMEOUT_SECS = 60.0  # The cardinality read: a local op that inspects the p
 class EpochStats:
   """What one worker trained in one epoch (`started_at`/`ended_at` are time.time()).
 
-  After a resume from a mid-epoch checkpoint `batches` counts the whole epoch: the
-  `skipped_batches` an earlier attempt trained, then this attempt's; `examples` this attempt's.
+  After a resume from a mid-epoch checkpoint `batches` and `examples` count the whole epoch:
+  the `skipped_batches` (holding `skipped_examples`) that earlier attempts trained, then this
+  attempt's. `started_at` and `ended_at` are this attempt's.
   """
   epoch: int
   batches: int
@@ -49,6 +50,7 @@ class EpochStats:
   started_at: float
   ended_at: float
   skipped_batches: int = 0
+  skipped_examples: int = 0
 
 
 class EpochListener:
@@ -127,6 +129,9 @@ class EpochInput:
       # Batches to skip: fed at the first epoch's start after a mid-epoch resume, else 0.
       self._skip = _v1.placeholder_with_default(tf.constant(0, tf.int64), [], "skip_batches")
       self._iterator = _v1.data.make_initializable_iterator(dataset.skip(self._skip))
+      # The examples of the batches skipped (run once per resume: a pass over them).
+      self._skipped_examples = dataset.take(self._skip).reduce(
+          tf.constant(0, tf.int64), _add_batch_size)
       self._lookahead = lookahead.LookAhead(self._iterator, dataset.element_spec)
       self._next = self._lookahead.batch
       # This worker's epoch, set by the hook before each epoch's first step. A local variable
@@ -190,7 +195,7 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
     self._consumers: Dict[Any, bool] = {}
     self._epoch = 0
     self._finished = False
-    self._batches = self._examples = self._skip = self._skipped = 0
+    self._batches = self._examples = self._skip = self._skipped = self._skipped_examples = 0
     self._started_at = 0.0
     self.history: List[EpochStats] = []
 
@@ -254,7 +259,8 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
     while self._epoch < self._input.num_epochs:
       self._started_at = time.time()
       self._skipped, self._skip = self._skip, 0  # Counted in the epoch's batches.
-      self._batches, self._examples = self._skipped, 0
+      self._skipped_examples = self._count_skipped_examples(session)
+      self._batches, self._examples = self._skipped, self._skipped_examples
       has_value = session.run(self._start_and_preload, {
           self._input._epoch_value: self._epoch, self._input._skip: self._skipped})["has_next"]
       for listener in self._input.listeners:
@@ -267,10 +273,22 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
     self._finished = True
     return True
 
+  def _count_skipped_examples(self, session) -> int:
+    """The examples of the batches an earlier attempt trained (0 when none are skipped)."""
+    if not self._skipped:
+      return 0
+    start = time.monotonic()
+    examples = int(session.run(self._input._skipped_examples,
+                               {self._input._skip: self._skipped}))
+    logging.info("%s: the %d batches of epoch %d trained before the resume hold %d examples "
+                 "(counted in %.2f s)", self._input.task_name, self._skipped, self._epoch,
+                 examples, time.monotonic() - start)
+    return examples
+
   def _end_epoch(self, session) -> None:
     """Runs the listeners for the epoch this worker just finished."""
     stats = EpochStats(self._epoch, self._batches, self._examples, self._started_at,
-                       time.time(), self._skipped)
+                       time.time(), self._skipped, self._skipped_examples)
     if not any(getattr(l, "logs_epoch_end", False) for l in self._input.listeners):
       logging.info("%s: epoch %d done: %d batches, %d examples in %.2f s", self._input.task_name,
                    stats.epoch, stats.batches, stats.examples, stats.ended_at - stats.started_at)
@@ -314,3 +332,8 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
           f"{self._input.num_epochs} (after {self._batches} batches of it): something stopped "
           "it early, e.g. an OutOfRangeError that did not come from the EpochInput, or a "
           "max_steps/StopAtStepHook; epoch-synchronized training needs neither")
+
+
+@tf.autograph.experimental.do_not_convert
+def _add_batch_size(examples: tf.Tensor, batch: Any) -> tf.Tensor:
+  return examples + lookahead.batch_size(batch)

@@ -45,9 +45,9 @@ class TestEpochAudit:
         "checkpoint": "/m/model.ckpt-epoch0000-5", "saved_at": 104.5,
         "workers": {
             "chief:0": {"batches": 3, "examples": 10, "started_at": 100.25, "arrived_at": 104.0,
-                        "barrier_wait_secs": 0.75},
+                        "barrier_wait_secs": 0.75, "attempt": 1},
             "worker:1": {"batches": 2, "examples": 5, "started_at": 100.0, "arrived_at": 103.5,
-                         "barrier_wait_secs": 1.25},
+                         "barrier_wait_secs": 1.25, "attempt": 1},
         },
     }
     assert record == expected

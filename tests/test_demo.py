@@ -28,6 +28,15 @@ def test_epoch_table_has_one_row_per_epoch_and_three_numbers_per_worker():
   assert len(rows) == 4
 
 
+def test_a_resumed_epoch_is_marked_and_explained_below_the_table():
+  resumed = dict(AUDIT[1], attempts=[1, 2], resumed_from=[{"attempt": 2, "global_step": 13}])
+  rows = demo.epoch_table([AUDIT[0], resumed])
+  assert rows[2].split()[0] == "0" and rows[3].split()[0] == "1*"
+  assert rows[4] == ("* epoch 1 took attempts 1-2 (resumed at global_step 13): examples count "
+                     "every attempt, secs and wait are attempt 2's")
+  assert len(rows) == 5
+
+
 def test_progress_printer_echoes_progress_and_the_chiefs_epoch_lines_only():
   out = io.StringIO()
   on_line = demo.progress_printer(out)

@@ -70,12 +70,16 @@ def test_a_crash_inside_an_epoch_resumes_after_the_last_saved_batch(tmp_path):
   assert os.path.basename(mid_epoch.checkpoint_to_restore(model_dir)) == "model.ckpt-epoch0001-8"
   history = _run(model_dir)
   assert [(s.epoch, s.batches, s.skipped_batches) for s in history] == [(1, 6, 2)]
+  # The epoch's examples: the 2 batches of attempt 1 (4 examples) and attempt 2's 8.
+  assert [(s.examples, s.skipped_examples) for s in history] == [(EXAMPLES, 2 * BATCH)]
   newest = tf.train.latest_checkpoint(model_dir)
   # Every example once per epoch: nothing trained twice (step 9 was lost), nothing skipped.
   assert tf.train.load_variable(newest, "total") == EPOCHS * sum(range(EXAMPLES))
   assert tf.train.load_variable(newest, "global_step") == EPOCHS * EXAMPLES // BATCH
   audit = read_audit(model_dir)
   assert [line["workers"]["chief:0"]["batches"] for line in audit] == [6, 6]
+  assert [line["workers"]["chief:0"]["examples"] for line in audit] == [EXAMPLES] * EPOCHS
+  assert [line["workers"]["chief:0"]["attempt"] for line in audit] == [1, 2]
   assert audit[1]["attempts"] == [1, 2] and audit[1]["attempt"] == 2
   assert [(r["attempt"], r["global_step"], r["epoch_step"], r["skipped_batches"])
           for r in audit[1]["resumed_from"]] == [(2, 8, -1, {"chief:0": 2})]

@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "epoch_task.py")]
 SHARDS = (8, 6, 3)
+BATCH = 8  # examples.train's --batch_size
 EPOCHS = 2
 
 
@@ -62,6 +63,7 @@ def _two_attempts(tmp_path, victim, sync=True):
   assert [line["epoch"] for line in audit] == list(range(EPOCHS))
   for line in audit:  # Each worker's batches across attempts: its whole shard, once.
     assert [s["batches"] for s in line["workers"].values()] == list(SHARDS)
+    assert [s["examples"] for s in line["workers"].values()] == [BATCH * n for n in SHARDS]
   resumed = audit[1]
   assert resumed["attempts"] == [1, 2], resumed
   assert len(resumed["resumed_from"]) == 1 and resumed["resumed_from"][0]["attempt"] == 2
@@ -125,6 +127,7 @@ def test_random_kill_points_resume_exactly(tmp_path, kill_case):
   assert [line["epoch"] for line in audit] == list(range(EPOCHS)), what
   for line in audit:
     assert [s["batches"] for s in line["workers"].values()] == list(shards), what
+    assert [s["examples"] for s in line["workers"].values()] == [BATCH * n for n in shards], what
     for resume in line.get("resumed_from", ()):
       step = resume["epoch_step"]
       assert (step >= 0) == sync, what
