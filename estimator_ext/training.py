@@ -35,6 +35,7 @@ from estimator_ext import optimizer as optimizer_lib
 from estimator_ext import warm_start as warm_start_lib
 from estimator_ext.in_loop import InLoopEvaluation, StopAfterEpochHook
 from estimator_ext.run_config import EpochSyncRunConfig
+from hooks import determinism
 from hooks import liveness
 from hooks import log as logging
 from hooks.aggregation_group import AggregationGroup
@@ -43,6 +44,9 @@ from hooks.checkpointing import ChiefSaveAfterBarrierHook
 from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput
 from hooks.epoch_sync import epoch_sync_hooks
+from hooks.mid_epoch import MidEpochSaveHook
+from hooks.mid_epoch_restore import MidEpochRestoreHook
+from hooks.mid_epoch_resume import MidEpochResume
 from hooks.recovery_guard import RecoveryGuardHook
 from hooks.run_start import RunStartHook
 from hooks.errors import ConfigError, raise_if_problems
@@ -322,7 +326,8 @@ def _session_hooks(estimator, train_spec, eval_spec, config: EpochSyncRunConfig,
     barrier.add_chief_action(evaluation)
   # The RunStartHook (in a cluster) goes before everything, after the RecoveryGuardHook: the
   # chief must drain what an earlier run left on the ps before its aggregation thread starts.
-  first = [h for h in epoch_hooks if isinstance(h, (RecoveryGuardHook, RunStartHook))]
+  first = [h for h in epoch_hooks
+           if isinstance(h, (RecoveryGuardHook, MidEpochRestoreHook, RunStartHook))]
   rest = [h for h in epoch_hooks[:-1] if h not in first and h not in sync_hooks]
   return first + hooks + rest + [stop, epoch_input.hook], stop, evaluation
 
@@ -393,16 +398,35 @@ def _epoch_hooks(config: EpochSyncRunConfig, epoch_input: EpochInput, model_dir:
   if cluster is not None:
     hooks = epoch_sync_hooks(cluster, epoch_input, settings, model_dir=model_dir,
                              listeners=listeners, sync_hook=sync_hook)
-  else:  # Local mode: the same hooks for one worker, with their state on this process.
-    names = config.worker_names
-    barrier = EpochBarrierHook(
-        epoch_input, 1, 0, names, timeout_secs=settings.barrier_timeout_secs,
-        startup_timeout_secs=settings.startup_timeout_secs,
-        warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
-        audit_dir=model_dir, ps_device="")
-    hooks = [WorkerDoneHook(epoch_input, 1, 0, names, ps_device=""), barrier,
-             ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners),
-             epoch_input.hook]
+  else:
+    hooks = _local_hooks(config, epoch_input, model_dir, listeners)
   barrier = next(h for h in hooks if isinstance(h, EpochBarrierHook))
   save = next((h for h in hooks if isinstance(h, ChiefSaveAfterBarrierHook)), None)
   return hooks, barrier, save
+
+
+def _local_hooks(config: EpochSyncRunConfig, epoch_input: EpochInput, model_dir: str,
+                 listeners: Sequence[Any]) -> List[Any]:
+  """Local mode: the same hooks for one worker, with their state on this process.
+
+  Mid-epoch checkpoints (save_checkpoints_secs/_steps) are saved after the step that reaches
+  the period, with the batches applied so far; a relaunch restores the newest one
+  (EpochSyncChiefSessionCreator) and skips those batches, as an asynchronous cluster does
+  (one process applies each batch in the run that reads it, so the position is exact).
+  """
+  settings, names = config.settings, config.worker_names
+  barrier = EpochBarrierHook(
+      epoch_input, 1, 0, names, timeout_secs=settings.barrier_timeout_secs,
+      startup_timeout_secs=settings.startup_timeout_secs,
+      warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
+      audit_dir=model_dir, ps_device="")
+  secs, steps = settings.save_checkpoint_secs, settings.save_checkpoint_steps
+  mid_epoch = bool(secs or steps)
+  hooks = [WorkerDoneHook(epoch_input, 1, 0, names, ps_device=""), barrier,
+           MidEpochResume(epoch_input, 1, 0, names, count_applied=mid_epoch, ps_device=""),
+           ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners)]
+  if mid_epoch:  # A resume skips by position: the order must be the same on a rerun.
+    determinism.warn_if_nondeterministic(epoch_input.dataset, config.task_name)
+    hooks.append(MidEpochSaveHook(epoch_input, barrier, model_dir, secs, steps, None,
+                                  ps_device=""))
+  return hooks + [epoch_input.hook]

@@ -31,6 +31,7 @@ _EXPORTS = {
     "ChiefSaveAfterBarrierHook": "hooks.checkpointing",
     "MidEpochSaveHook": "hooks.mid_epoch",
     "MidEpochResume": "hooks.mid_epoch_resume",
+    "MidEpochRestoreHook": "hooks.mid_epoch_restore",
     "WorkerDoneSyncReplicasOptimizer": "hooks.sync_optimizer",
     "SafeSyncTokensHook": "hooks.tokens",
     "AggregationGroup": "hooks.aggregation_group",

@@ -24,6 +24,7 @@ from hooks.done_counter import WorkerDoneHook
 from hooks.epoch_input import EpochInput
 from hooks.epoch_summaries import EpochSummaryHook
 from hooks.mid_epoch import MidEpochSaveHook
+from hooks.mid_epoch_restore import MidEpochRestoreHook
 from hooks.mid_epoch_resume import MidEpochResume
 from hooks.progress import EpochProgressHook
 from hooks.recovery_guard import RecoveryGuardHook
@@ -49,8 +50,9 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   The barrier and `sync_hook` probe the tasks they wait for (`hooks.liveness`), so a dead
   task ends every wait within seconds with TaskDiedError, whatever the timeouts.
   A RecoveryGuardHook goes first (with TensorFlow's own session creators it refuses a
-  re-created session and ends a task whose session recovery spins on a dead task), then a
-  RunStartHook (the chief cleans what an earlier run left on the ps tasks, the workers wait
+  re-created session and ends a task whose session recovery spins on a dead task), then on the
+  chief a MidEpochRestoreHook (with TensorFlow's own ChiefSessionCreator, which restores only
+  epoch checkpoints, it restores a newer mid-epoch one), then a RunStartHook (the chief cleans what an earlier run left on the ps tasks, the workers wait
   for it), then `sync_hook` (the sync optimizer's `make_session_run_hook`), so
   the chief's gradient aggregation runs before any epoch work; `epoch_input.hook` goes last.
 
@@ -89,7 +91,10 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   needed += [] if config.is_chief else [config.worker_names[0]]
   guard = RecoveryGuardHook(monitor, config.task_name, sorted(monitor.addresses),
                             startup_timeout_secs=settings.startup_timeout_secs, needed=needed)
-  hooks: List[tf.compat.v1.train.SessionRunHook] = [guard, start]
+  hooks: List[tf.compat.v1.train.SessionRunHook] = [guard]
+  if config.is_chief and model_dir:  # Before the run starts: the workers then read its state.
+    hooks.append(MidEpochRestoreHook(model_dir, config.num_workers))
+  hooks.append(start)
   if isinstance(sync_hook, AggregationGroup):  # Several sync optimizers (e.g. wide & deep).
     hooks += sync_hook.hooks
   elif sync_hook:

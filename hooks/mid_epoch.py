@@ -146,6 +146,7 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
     completed, position, applied, step = session.run(self._read,
                                                      options=run_options(_TIMEOUT_SECS))
     self._epoch, position = int(completed), [int(v) for v in position]
+    self._warn_if_not_resumed(position)
     attempt = 1 + max((int(l.get("attempt", 1)) for l in audit_lib.read_audit(self._dir)),
                       default=0)
     self._attempt = max(attempt, position[ATTEMPT] + 1)
@@ -163,6 +164,22 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
                 for a in applied]}) + "\n")
     self._since, self._last, self._last_step = 0, self._clock(), int(step)
     self._ready = True
+
+  def _warn_if_not_resumed(self, position) -> None:
+    """A newer mid-epoch checkpoint that the session does not hold: say what is re-trained."""
+    newer = checkpoint_to_restore(self._dir)
+    if not newer:
+      return
+    saved = [int(v) for v in tf.train.load_variable(newer, "epochsync/mid_epoch/position")]
+    if saved == position:
+      return
+    logging.warning(
+        "the session restored %s, not the newer mid-epoch checkpoint %s: epoch %d is trained "
+        "again from its start (the %s that checkpoint holds are lost and trained again); to "
+        "resume exactly, put hooks.MidEpochRestoreHook(model_dir, num_workers) before the "
+        "RunStartHook in the chief's hooks (hooks.epoch_sync_hooks does)",
+        tf.train.latest_checkpoint(self._dir) or "no checkpoint", newer, saved[EPOCH],
+        f"{saved[STEPS]} synchronous steps" if saved[STEPS] >= 0 else "asynchronous updates")
 
   def _after_aggregation(self, session, grads: int) -> None:
     """Synchronous: the aggregation thread, after a run that applied a step (grads > 0)."""

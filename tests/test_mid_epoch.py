@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from hooks import mid_epoch
+from hooks.mid_epoch_restore import MidEpochRestoreHook
 from hooks.mid_epoch_resume import MidEpochResume
 from hooks.audit import read_audit
 from hooks.barrier import EpochBarrierHook
@@ -39,8 +40,11 @@ class _Crash(v1.train.SessionRunHook):
       raise RuntimeError("crash")
 
 
-def _run(model_dir, examples=EXAMPLES, crash_at=None, save_steps=2, num_workers=1):
-  """One attempt of a chief alone; returns its EpochInput's history."""
+def _run(model_dir, examples=EXAMPLES, crash_at=None, save_steps=2, num_workers=1,
+         creator="epochsync"):
+  """One attempt of a chief alone; returns its EpochInput's history. `creator`: tf-epochsync's
+  session creator, TensorFlow's ChiefSessionCreator with a MidEpochRestoreHook ("stock+hook"),
+  or TensorFlow's alone ("stock")."""
   with tf.Graph().as_default():
     epoch_input = EpochInput(tf.data.Dataset.from_tensor_slices(
         np.arange(examples, dtype=np.float32)).batch(BATCH), num_epochs=EPOCHS,
@@ -57,8 +61,13 @@ def _run(model_dir, examples=EXAMPLES, crash_at=None, save_steps=2, num_workers=
     mid = mid_epoch.MidEpochSaveHook(epoch_input, barrier, model_dir, save_secs=0,
                                      save_steps=save_steps, ps_device=LOCAL)
     hooks = [barrier, resume, save, mid] + ([_Crash(crash_at)] if crash_at else [])
-    creator = EpochSyncChiefSessionCreator(checkpoint_dir=model_dir)
-    with v1.train.MonitoredSession(creator, hooks=hooks + [epoch_input.hook]) as sess:
+    if creator == "stock+hook":
+      hooks.insert(0, MidEpochRestoreHook(model_dir, num_workers, ps_device=LOCAL))
+    session_creator = (EpochSyncChiefSessionCreator(checkpoint_dir=model_dir)
+                       if creator == "epochsync" else
+                       v1.train.ChiefSessionCreator(checkpoint_dir=model_dir))
+    with v1.train.MonitoredSession(session_creator,
+                                   hooks=hooks + [epoch_input.hook]) as sess:
       user_loop(sess, train_op)
     return epoch_input.hook.history
 
@@ -89,6 +98,32 @@ def test_a_crash_inside_an_epoch_resumes_after_the_last_saved_batch(tmp_path):
   assert len(glob.glob(os.path.join(model_dir, "model.ckpt-epoch*.index"))) == EPOCHS
   # The newest mid-epoch checkpoint (epoch 1) is older than the epoch 1 checkpoint: stale.
   assert mid_epoch.checkpoint_to_restore(model_dir) is None
+
+
+def test_tensorflows_chief_session_creator_with_the_restore_hook_resumes_exactly(tmp_path):
+  model_dir = str(tmp_path)
+  with pytest.raises(RuntimeError, match="crash"):
+    _run(model_dir, crash_at=9, creator="stock+hook")
+  history = _run(model_dir, creator="stock+hook")
+  assert [(s.epoch, s.batches, s.skipped_batches) for s in history] == [(1, 6, 2)]
+  newest = tf.train.latest_checkpoint(model_dir)
+  assert tf.train.load_variable(newest, "total") == EPOCHS * sum(range(EXAMPLES))
+  assert tf.train.load_variable(newest, "global_step") == EPOCHS * EXAMPLES // BATCH
+
+
+def test_tensorflows_chief_session_creator_alone_warns_what_it_trains_again(tmp_path, caplog):
+  """Without the restore hook the epoch is trained again from its start: exact, but the
+  mid-epoch progress is lost; the chief says so once, with the one-line change."""
+  model_dir = str(tmp_path)
+  with pytest.raises(RuntimeError, match="crash"):
+    _run(model_dir, crash_at=9, creator="stock")
+  history = _run(model_dir, creator="stock")
+  assert [(s.epoch, s.batches, s.skipped_batches) for s in history] == [(1, 6, 0)]
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and
+              "not the newer mid-epoch checkpoint" in r.getMessage()]
+  assert len(warnings) == 1, warnings
+  assert "model.ckpt-epoch0001-8" in warnings[0] and "epoch 1 is trained again" in warnings[0]
+  assert "hooks.MidEpochRestoreHook(model_dir, num_workers)" in warnings[0]
 
 
 def test_a_resume_with_a_shard_of_another_size_is_refused(tmp_path):

@@ -28,13 +28,17 @@ from hooks.testing.local_cluster import LocalCluster
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "epoch_task.py")]
+# Hand-wired hooks (epoch_sync_hooks) in TensorFlow's own MonitoredTrainingSession ("mts") or
+# MonitoredSession with TensorFlow's ChiefSessionCreator/WorkerSessionCreator ("creators").
+STOCK_TASK = [sys.executable,
+              os.path.join(os.path.dirname(__file__), "tasks", "stock_session_task.py")]
 SHARDS = (8, 6, 3)
 BATCH = 8  # examples.train's --batch_size
 EPOCHS = 2
 
 
-def _command(model_dir, sync, step_sleep_secs, shards=SHARDS, save_steps=2):
-  return TASK + [f"--model_dir={model_dir}", "--shard_batches=" + ",".join(map(str, shards)),
+def _command(model_dir, sync, step_sleep_secs, shards=SHARDS, save_steps=2, task=TASK):
+  return task + [f"--model_dir={model_dir}", "--shard_batches=" + ",".join(map(str, shards)),
                  f"--epochsync_num_epochs={EPOCHS}", f"--step_sleep_secs={step_sleep_secs}",
                  "--epochsync_save_checkpoint_secs=0",
                  f"--epochsync_save_checkpoint_steps={save_steps}",
@@ -49,15 +53,18 @@ def _kill_after_a_mid_epoch_save_in_epoch_1(cluster, model_dir, victim):
   cluster.kill_task(victim)
 
 
-def _two_attempts(tmp_path, victim, sync=True):
+def _two_attempts(tmp_path, victim, sync=True, task=TASK):
   model_dir = str(tmp_path / "model")
   with LocalCluster(num_workers=3, timeout_secs=90, fail_fast_secs=30,
                     log_dir=str(tmp_path / "logs1")) as first:
-    first.start(_command(model_dir, sync, step_sleep_secs=0.15))
+    first.start(_command(model_dir, sync, step_sleep_secs=0.15, task=task))
     _kill_after_a_mid_epoch_save_in_epoch_1(first, model_dir, victim)
     first.wait()
+  ready = os.path.join(model_dir, "chief-has-a-session")  # STOCK_TASK's, for the relaunch's
+  if os.path.exists(ready):  # workers to wait for the new chief (not the killed one's file)
+    os.remove(ready)
   with LocalCluster(num_workers=3, timeout_secs=90, log_dir=str(tmp_path / "logs2")) as second:
-    second.start(_command(model_dir, sync, step_sleep_secs=0))
+    second.start(_command(model_dir, sync, step_sleep_secs=0, task=task))
     second.wait().check()
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == list(range(EPOCHS))
@@ -80,6 +87,20 @@ def test_sync_resumes_inside_the_epoch_exactly_after_a_kill(tmp_path, victim):
   assert resumed_from["skipped_batches"] == {
       name: min(step, n) for name, n in zip(audit[1]["workers"], SHARDS)}
   # global_step: as many gradient applications as the uninterrupted run (nothing twice).
+  assert [line["global_step"] for line in audit] == [max(SHARDS) * (e + 1) for e in range(EPOCHS)]
+  assert_equals_oracle(audit[-1]["checkpoint"], "linear", SHARDS, EPOCHS)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("victim, session", [("worker:1", "mts"), ("worker:0", "creators"),
+                                             ("ps:0", "mts")], ids=["worker", "chief", "ps"])
+def test_hooks_in_tensorflows_own_session_resume_inside_the_epoch(tmp_path, victim, session):
+  """TensorFlow's ChiefSessionCreator restores the epoch checkpoint; the chief's
+  MidEpochRestoreHook restores the newer mid-epoch one over it before the run starts."""
+  task = STOCK_TASK + [f"--session={session}"]
+  model_dir, audit, resumed_from = _two_attempts(tmp_path, victim, task=task)
+  step = resumed_from["epoch_step"]
+  assert step >= 2 and resumed_from["global_step"] == max(SHARDS) + step, resumed_from
   assert [line["global_step"] for line in audit] == [max(SHARDS) * (e + 1) for e in range(EPOCHS)]
   assert_equals_oracle(audit[-1]["checkpoint"], "linear", SHARDS, EPOCHS)
 

@@ -3,8 +3,8 @@
 DNNLinearCombinedRegressor trains with two sync optimizers (Ftrl and Adagrad, an embedding over
 2 ps); the chief saves a mid-epoch checkpoint every 2 steps (EpochSyncRunConfig takes
 --epochsync_save_checkpoint_steps) between two aggregations of both (hooks.aggregation_group).
-The chief is SIGKILLed inside the (one) epoch after such a save; a relaunch on the same
-model_dir finishes the job. Every variable of its last checkpoint (the optimizers' slots and global_step included)
+The chief, a worker or a ps is SIGKILLed inside the (one) epoch after such a save; a relaunch
+on the same model_dir finishes the job. Every variable of its last checkpoint (the optimizers' slots and global_step included)
 must equal an uninterrupted run's from the same initial values; the audit counts each shard
 once. A resume that skipped nothing or too much, or a save that caught one optimizer a step
 ahead of the other, would differ.
@@ -12,6 +12,8 @@ ahead of the other, would differ.
 
 import os
 import random
+import signal
+import subprocess
 import sys
 import time
 
@@ -29,6 +31,7 @@ BASE = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "estima
         "--epochsync_save_checkpoint_secs=0"]
 TASK = BASE + ["--shard_batches=8,5,3", "--epochsync_save_checkpoint_steps=2"]
 SHARDS = [8, 5, 3]
+BATCH = 8  # estimator_task's batch size
 CLUSTER = dict(num_workers=3, num_ps=2, has_chief=True)
 
 
@@ -57,16 +60,27 @@ def _assert_same_model(got: str, want: str, what: str):
   return names
 
 
-@pytest.mark.timeout(400)
-def test_a_killed_chief_of_a_canned_wide_deep_job_resumes_exactly(tmp_path):
-  oracle_dir, model_dir = str(tmp_path / "oracle"), str(tmp_path / "model")
+@pytest.fixture(scope="module")
+def wide_deep_oracle(tmp_path_factory):
+  """The audit of an uninterrupted run of TASK (one per module: every victim compares to it)."""
+  tmp_path = tmp_path_factory.mktemp("oracle")
+  oracle_dir = str(tmp_path / "model")
   _job(tmp_path, "oracle", oracle_dir).check()
-  _job(tmp_path, "attempt1", model_dir, ["--step_sleep_secs=0.15"], kill="chief:0")
+  return read_audit(oracle_dir)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("victim", ["chief:0", "worker:0", "ps:1"], ids=["chief", "worker", "ps"])
+def test_a_killed_task_of_a_canned_wide_deep_job_resumes_exactly(tmp_path, wide_deep_oracle,
+                                                                   victim):
+  model_dir = str(tmp_path / "model")
+  _job(tmp_path, "attempt1", model_dir, ["--step_sleep_secs=0.15"], kill=victim)
   _job(tmp_path, "attempt2", model_dir).check()
-  audit, oracle = read_audit(model_dir), read_audit(oracle_dir)
+  audit, oracle = read_audit(model_dir), wide_deep_oracle
   assert [line["epoch"] for line in audit] == [0]
   for line in audit:
     assert [s["batches"] for s in line["workers"].values()] == SHARDS
+    assert [s["examples"] for s in line["workers"].values()] == [BATCH * n for n in SHARDS]
   resumed = audit[0]["resumed_from"]
   assert len(resumed) == 1 and resumed[0]["epoch_step"] >= 2, resumed
   assert resumed[0]["skipped_batches"] == {
@@ -101,9 +115,60 @@ def test_random_kill_points_on_the_estimator_path(tmp_path, estimator_kill_seed)
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == [0], what
   assert [s["batches"] for s in audit[0]["workers"].values()] == shards, what
+  assert [s["examples"] for s in audit[0]["workers"].values()] == [BATCH * n for n in shards], what
   got = audit[-1]["checkpoint"]
   if not sync:  # Each batch counted once; the updates in flight at the save may be lost.
     steps = tf.train.load_variable(got, "global_step")
     assert sum(shards) - len(shards) <= steps <= sum(shards), what
     return
   _assert_same_model(got, read_audit(oracle_dir)[-1]["checkpoint"], what)
+
+
+def _local_job(model_dir, extra=(), kill_in_epoch=None):
+  """estimator_task in local mode (no TF_CONFIG); SIGKILLed after a mid-epoch save of
+  `kill_in_epoch` if given (returns None then), else its summary."""
+  import json  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+  env.update(PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="1")
+  command = [sys.executable, os.path.join(root, "tests", "tasks", "estimator_task.py"),
+             f"--model_dir={model_dir}", "--shard_batches=6", "--epochsync_num_epochs=2",
+             "--epochsync_save_checkpoint_secs=0", "--epochsync_save_checkpoint_steps=2",
+             "--tf_random_seed=7"] + list(extra)
+  with subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
+    try:
+      if kill_in_epoch is None:
+        out, _ = proc.communicate(timeout=100)
+        assert proc.returncode == 0, out[-3000:]
+        with open(os.path.join(model_dir, "summary-worker-0.json")) as f:
+          return json.load(f)
+      deadline = time.monotonic() + 100
+      while time.monotonic() < deadline and not mid_epoch_saved_in(model_dir, kill_in_epoch):
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+      assert len(read_audit(model_dir)) == kill_in_epoch, "the kill did not land in the epoch"
+      return None
+    finally:
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(300)
+def test_local_mode_saves_mid_epoch_and_resumes_exactly(tmp_path):
+  """No TF_CONFIG: save_checkpoints_steps=2 saves inside the epoch; a SIGKILLed process's
+  relaunch skips what the checkpoint holds and ends equal to an uninterrupted run."""
+  oracle_dir, model_dir = str(tmp_path / "oracle"), str(tmp_path / "model")
+  _local_job(oracle_dir)
+  _local_job(model_dir, ["--step_sleep_secs=0.3"], kill_in_epoch=1)
+  _local_job(model_dir)
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1]
+  for line in audit:
+    assert [(s["batches"], s["examples"]) for s in line["workers"].values()] == [(6, 6 * BATCH)]
+  resumed = audit[1]["resumed_from"]
+  assert audit[1]["attempts"] == [1, 2] and len(resumed) == 1, audit[1]
+  assert resumed[0]["skipped_batches"]["worker:0"] >= 2, resumed
+  assert [line["global_step"] for line in audit] == [6, 12]
+  _assert_same_model(audit[-1]["checkpoint"], read_audit(oracle_dir)[-1]["checkpoint"],
+                     "the resumed local job")

@@ -25,6 +25,7 @@ from hooks.errors import ConfigError
 from hooks.progress import EpochProgressHook
 from hooks import liveness
 from hooks.mid_epoch import MidEpochSaveHook
+from hooks.mid_epoch_restore import MidEpochRestoreHook
 from hooks.mid_epoch_resume import MidEpochResume
 from hooks.recovery_guard import RecoveryGuardHook
 from hooks.run_start import RunStartHook
@@ -186,12 +187,13 @@ class TestWiring:
     session = _session(hooks=[user, opt.make_session_run_hook(True)],
                        chief_only_hooks=[chief_only])
     kinds = [type(h) for h in session.hooks]
-    assert kinds == [RecoveryGuardHook, RunStartHook, SafeSyncTokensHook, WorkerDoneHook,
+    assert kinds == [RecoveryGuardHook, MidEpochRestoreHook, RunStartHook, SafeSyncTokensHook,
+                     WorkerDoneHook,
                      EpochBarrierHook, MidEpochResume, ChiefSaveAfterBarrierHook,
                      MidEpochSaveHook, EpochSummaryHook, EpochProgressHook, _User,
                      SyncStepCounterHook, v1.train.SummarySaverHook, _User,
                      type(session.hooks[-1])]
-    assert session.hooks[10] is chief_only and session.hooks[13] is user
+    assert session.hooks[11] is chief_only and session.hooks[14] is user
     assert session.hooks[-1].__class__.__name__ == "_EpochDriverHook"  # always last
     assert isinstance(session.session_creator, EpochSyncChiefSessionCreator)
     assert session.session_creator._checkpoint_dir == "/tmp/m"
@@ -217,7 +219,7 @@ class TestWiring:
 
   def test_the_sync_hook_is_made_from_the_settings(self, recorded):
     session = _session(sync_optimizer=_opt(CHIEF))
-    hook = session.hooks[2]  # after the RecoveryGuardHook and the RunStartHook
+    hook = session.hooks[3]  # after the RecoveryGuard, MidEpochRestore and RunStart hooks
     assert isinstance(hook, SafeSyncTokensHook)
     assert (hook._step.timeout_secs, hook._step.warn_after_secs, hook._is_chief) == (30, 15, True)
 
