@@ -46,7 +46,7 @@ def main(argv):
   del argv
   import portpicker  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from hooks.waiting import BackgroundRun  # pylint: disable=g-import-not-at-top
+  from hooks.faults.waiting import BackgroundRun  # pylint: disable=g-import-not-at-top
   v1 = tf.compat.v1
   v1.disable_v2_behavior()
   ps_address, worker_address = (f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))

@@ -36,11 +36,11 @@ import tensorflow as tf
 
 from bench import task_common
 from bench.common import generated_batches
-from hooks import liveness
-from hooks import session as session_lib
-from hooks.barrier import EpochBarrierHook
-from hooks.epoch_input import EpochInput, EpochListener, EpochStats
-from hooks.epoch_sync import epoch_sync_hooks
+from hooks.faults import liveness
+from hooks.session import creators as session_lib
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
+from hooks.session.wiring import epoch_sync_hooks
 
 __all__ = ["PollingBarrier", "schedule"]
 

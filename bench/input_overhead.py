@@ -21,7 +21,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from hooks.epoch_input import EpochInput
+from hooks.data.epoch_input import EpochInput
 
 _STEPS = flags.DEFINE_integer("steps", 2000, "Timed steps per run.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup", 100, "Untimed steps before them.", lower_bound=0)

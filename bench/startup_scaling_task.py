@@ -1,6 +1,6 @@
 """One task of the start-up benchmark: from process start to the first synchronous step.
 
---variant=ours:  hooks.session.session_creator (workers re-check the chief every 0.5 s) and
+--variant=ours:  hooks.session.creators.session_creator (workers re-check the chief every 0.5 s) and
                  the full stack (epoch_sync_hooks: run start, start barrier; our optimizer).
 --variant=stock: tf.compat.v1.train.MonitoredTrainingSession (a worker that asks before the
                  chief initialised the model re-checks 30 s later) and stock
@@ -27,10 +27,10 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 from bench import task_common  # pylint: disable=wrong-import-position
 from bench.common import generated_batches  # pylint: disable=wrong-import-position
-from hooks import session as session_lib  # pylint: disable=wrong-import-position
-from hooks.epoch_input import EpochInput  # pylint: disable=wrong-import-position
-from hooks.epoch_sync import epoch_sync_hooks  # pylint: disable=wrong-import-position
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer  # pylint: disable=wrong-import-position
+from hooks.session import creators as session_lib  # pylint: disable=wrong-import-position
+from hooks.data.epoch_input import EpochInput  # pylint: disable=wrong-import-position
+from hooks.session.wiring import epoch_sync_hooks  # pylint: disable=wrong-import-position
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer  # pylint: disable=wrong-import-position
 
 __all__ = []
 

@@ -20,7 +20,7 @@ from absl import flags
 import tensorflow as tf
 
 from examples import train
-from hooks.barrier import EpochBarrierHook
+from hooks.epoch.barrier import EpochBarrierHook
 
 _CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
                                   "The chief initialises the model this late.")

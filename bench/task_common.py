@@ -12,7 +12,7 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
-from hooks import flags as epochsync_flags
+from hooks.config import flags as epochsync_flags
 
 __all__ = ["StepTimes", "start_task"]
 

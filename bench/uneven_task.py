@@ -26,10 +26,10 @@ import tensorflow as tf
 
 from bench import task_common
 from bench.common import MLP_SIZES, generated_batches, shard_batches
-from hooks import session as session_lib
-from hooks.epoch_input import EpochInput, EpochListener
-from hooks.epoch_sync import epoch_sync_hooks
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.session import creators as session_lib
+from hooks.data.epoch_input import EpochInput, EpochListener
+from hooks.session.wiring import epoch_sync_hooks
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 
 __all__ = []
 

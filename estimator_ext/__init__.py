@@ -10,7 +10,7 @@ Needs TensorFlow 2.15 with tensorflow-estimator 2.15.0; elsewhere (TensorFlow 2.
 no tf.estimator) the import raises hooks.errors.EstimatorUnavailableError (an ImportError).
 """
 
-from hooks import _tf_version
+from hooks.config import tf_version as _tf_version
 
 _tf_version.check_estimator()
 

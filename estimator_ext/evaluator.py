@@ -1,7 +1,7 @@
 """The evaluator task: evaluates every epoch checkpoint exactly once, in order, then exits.
 
 The chief writes `<model_dir>/epochsync_run.json` (the settings every task must agree on) before
-training and one audit line per epoch after its barrier (`hooks.audit`). The evaluator checks its
+training and one audit line per epoch after its barrier (`hooks.epoch.audit`). The evaluator checks its
 own settings against the record, then for epoch 0, 1, ... waits (bounded) until the audit shows
 the epoch, evaluates that epoch's checkpoint, and appends an eval line; it stops after the last
 epoch (or the epoch the chief stopped early at). After a restart it resumes after the epochs its
@@ -22,9 +22,9 @@ import tensorflow as tf
 from estimator_ext import eval_log
 from estimator_ext import exit_record
 from hooks import log as logging
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 from hooks.errors import ConfigError, SyncTimeoutError, TaskDiedError, raise_if_problems
-from hooks.liveness import LivenessMonitor
+from hooks.faults.liveness import LivenessMonitor
 
 __all__ = ["EvaluatorTimeoutError", "RUN_RECORD_FILENAME", "write_run_record", "read_run_record",
            "check_run_record", "chief_monitor", "run_evaluator"]

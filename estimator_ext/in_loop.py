@@ -19,9 +19,9 @@ import tensorflow as tf
 from estimator_ext import eval_log
 from estimator_ext.early_stopping import EarlyStoppingState
 from hooks import log as logging
-from hooks.checkpointing import ChiefSaveAfterBarrierHook
-from hooks.epoch_input import EpochInput, EpochListener, EpochStats
-from hooks.waiting import run_options
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
+from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
+from hooks.faults.waiting import run_options
 
 __all__ = ["InLoopEvaluation", "StopAfterEpochHook"]
 

@@ -2,7 +2,7 @@
 
 `sync_optimizer(opt)` returns an optimizer that, in the training graph that
 `estimator_ext.train_and_evaluate` builds with sync on, becomes a
-`hooks.sync_optimizer.WorkerDoneSyncReplicasOptimizer` (worker-done-aware aggregation, its own
+`hooks.sync.optimizer.WorkerDoneSyncReplicasOptimizer` (worker-done-aware aggregation, its own
 step counter so that a canned head may increment global_step itself and two optimizers may share
 a step); anywhere else (sync off, local mode, evaluation) it is `opt` itself.
 
@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from hooks import log as logging
 from hooks.errors import ConfigError
-from hooks.sync_optimizer import DelegatingOptimizer, WorkerDoneSyncReplicasOptimizer
+from hooks.sync.optimizer import DelegatingOptimizer, WorkerDoneSyncReplicasOptimizer
 
 __all__ = ["EpochSyncOptimizer", "sync_optimizer", "mark_training_graph", "sync_optimizers"]
 

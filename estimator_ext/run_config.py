@@ -17,9 +17,9 @@ import tensorflow as tf
 
 from estimator_ext.early_stopping import EarlyStopping
 from hooks import log as logging
-from hooks.cluster import ClusterConfig
+from hooks.config.cluster import ClusterConfig
 from hooks.errors import ConfigError, raise_if_problems
-from hooks.settings import EpochSyncSettings
+from hooks.config.settings import EpochSyncSettings
 
 __all__ = ["EpochSyncRunConfig"]
 
@@ -56,7 +56,7 @@ def _save_period(settings: EpochSyncSettings, kwargs: Dict[str, Any],
   RunConfig's meaning: neither given keeps `settings`' period (the flags', or every 600 s);
   one given sets it and turns the other off; None (both None) means no mid-epoch checkpoint.
   The values go to `save_checkpoint_secs/_steps` of the settings, never to RunConfig, whose own
-  stay None: stock's CheckpointSaverHook would save while the workers train (hooks.mid_epoch
+  stay None: stock's CheckpointSaverHook would save while the workers train (hooks.checkpoint.mid_epoch
   saves where the model is consistent).
   """
   given = {key: kwargs.pop(key) for key in _SAVE_KEYS if key in kwargs}
@@ -89,7 +89,7 @@ def _flag_defaults() -> Tuple[Optional[EpochSyncSettings], Optional[int]]:
   values = absl_flags.FLAGS
   if "epochsync_num_epochs" not in values or not values.is_parsed():
     return None, None
-  from hooks import flags as epochsync_flags  # pylint: disable=g-import-not-at-top; defined them
+  from hooks.config import flags as epochsync_flags  # pylint: disable=g-import-not-at-top; defined them
   return (epochsync_flags.settings_from_flags(values),
           values["epochsync_num_workers"].value if "epochsync_num_workers" in values else None)
 
@@ -146,7 +146,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
   """A RunConfig for `estimator_ext.train_and_evaluate`: RunConfig's arguments plus epoch sync.
 
   Every epoch-sync setting not given here comes from the parsed --epochsync_* flags if
-  `hooks.flags` was imported, else from `EpochSyncSettings`' defaults. It turns off what
+  `hooks.config.flags` was imported, else from `EpochSyncSettings`' defaults. It turns off what
   epoch-synchronized training must not have: mid-epoch checkpoints (the chief saves one per epoch
   after the barrier), staggered worker starts and TensorFlow's 30 s worker start-up poll.
   TF_CONFIG needs a "chief" job (the chief is `chief:0`, worker id 0; `worker:i` is worker id
@@ -269,7 +269,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                       doc="The resolved `EpochSyncSettings` (num_epochs, sync, timeouts).")
   epochsync_cluster = property(
       lambda self: self._epochsync_cluster,
-      doc="The training cluster (`hooks.cluster.ClusterConfig`) as this task sees it (the "
+      doc="The training cluster (`hooks.config.cluster.ClusterConfig`) as this task sees it (the "
           "evaluator: as the chief sees it); None in local mode.")
   is_local = property(lambda self: self._epochsync_cluster is None,
                       doc="True without a TF_CONFIG cluster: one process trains and evaluates.")

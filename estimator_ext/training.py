@@ -2,7 +2,7 @@
 
 Each chief/worker task builds the Estimator's training graph (as `Estimator.train` does) on an
 `EpochInput` over the one pass its `train_spec.input_fn` returns, adds the epoch hooks
-(`hooks.epoch_sync.epoch_sync_hooks`) and the synchronous optimizers' hooks, and trains every
+(`hooks.session.wiring.epoch_sync_hooks`) and the synchronous optimizers' hooks, and trains every
 epoch in one `MonitoredSession`; the chief saves one checkpoint per epoch after the barrier and,
 with in-loop evaluation, evaluates it before releasing the workers. The `evaluator` task
 evaluates every epoch checkpoint once, in order; `ps` tasks serve. Without a TF_CONFIG cluster
@@ -35,23 +35,23 @@ from estimator_ext import optimizer as optimizer_lib
 from estimator_ext import warm_start as warm_start_lib
 from estimator_ext.in_loop import InLoopEvaluation, StopAfterEpochHook
 from estimator_ext.run_config import EpochSyncRunConfig
-from hooks import determinism
-from hooks import liveness
+from hooks.data import determinism
+from hooks.faults import liveness
 from hooks import log as logging
-from hooks.aggregation_group import AggregationGroup
-from hooks.barrier import EpochBarrierHook
-from hooks.checkpointing import ChiefSaveAfterBarrierHook
-from hooks.done_counter import WorkerDoneHook
-from hooks.epoch_input import EpochInput
-from hooks.epoch_sync import epoch_sync_hooks
-from hooks.mid_epoch import MidEpochSaveHook
-from hooks.mid_epoch_restore import MidEpochRestoreHook
-from hooks.mid_epoch_resume import MidEpochResume
-from hooks.recovery_guard import RecoveryGuardHook
-from hooks.run_start import RunStartHook
+from hooks.sync.aggregation_group import AggregationGroup
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
+from hooks.sync.done_counter import WorkerDoneHook
+from hooks.data.epoch_input import EpochInput
+from hooks.session.wiring import epoch_sync_hooks
+from hooks.checkpoint.mid_epoch import MidEpochSaveHook
+from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
+from hooks.checkpoint.mid_epoch_resume import MidEpochResume
+from hooks.faults.recovery_guard import RecoveryGuardHook
+from hooks.epoch.run_start import RunStartHook
 from hooks.errors import ConfigError, raise_if_problems
-from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
-from hooks.step_counter import SyncStepCounterHook
+from hooks.session.creators import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
+from hooks.sync.step_counter import SyncStepCounterHook
 
 __all__ = ["train_and_evaluate", "EpochResults", "shard"]
 
@@ -335,7 +335,7 @@ def _session_hooks(estimator, train_spec, eval_spec, config: EpochSyncRunConfig,
 def _session_creator(estimator, config: EpochSyncRunConfig, scaffold):
   """Starts this task's server (in a cluster); the chief's or a fast worker's session creator.
 
-  Both are hooks.session's: they wait (bounded) for the tasks they need, name a dead one, and
+  Both are hooks.session.creators's: they wait (bounded) for the tasks they need, name a dead one, and
   never re-create a lost session; they use the Estimator's session config (device filters).
   """
   cluster, master, monitor = config.epochsync_cluster, config.master, None

@@ -26,7 +26,7 @@ from absl import app
 from absl import flags
 
 from examples.demo_report import epoch_table, progress_printer
-from hooks.audit import AUDIT_FILENAME, read_audit
+from hooks.epoch.audit import AUDIT_FILENAME, read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 _API = flags.DEFINE_enum("api", "mts", ["mts", "estimator"], "mts: examples/train.py with "

@@ -26,12 +26,12 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from hooks import cluster as cluster_lib
-from hooks import flags as epochsync_flags
-from hooks.epoch_input import EpochInput
+from hooks.config import cluster as cluster_lib
+from hooks.config import flags as epochsync_flags
+from hooks.data.epoch_input import EpochInput
 from hooks.errors import SyncTimeoutError
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
-from hooks.training_session import monitored_training_session
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.session.training_session import monitored_training_session
 
 _SHARD_BATCHES = flags.DEFINE_list(
     "shard_batches", ["9", "5", "0"], "Batches in each training worker's shard, by worker id.")

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 
 
 def checkpoint_value(prefix: str, name: str):

@@ -34,7 +34,7 @@ HOOKS_CLUSTER_TESTS = tuple(f"tests/{name}" for name in (
 
 def estimator_skip_reason():
   """Why the Estimator tests cannot run in this environment, or None where they run."""
-  from hooks import _tf_version  # pylint: disable=g-import-not-at-top
+  from hooks.config import tf_version as _tf_version  # pylint: disable=g-import-not-at-top
   reason = _tf_version.estimator_unavailable_reason()
   return reason and f"Estimator test: {reason}"
 

@@ -1,11 +1,11 @@
-"""Tests for hooks/aggregation_group.py: several aggregation threads, one pause per step."""
+"""Tests for hooks/sync/aggregation_group.py: several aggregation threads, one pause per step."""
 
 import threading
 import time
 
 import pytest
 
-from hooks.aggregation_group import AggregationGroup
+from hooks.sync.aggregation_group import AggregationGroup
 
 
 class _FakeAggregator:

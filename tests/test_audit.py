@@ -1,11 +1,11 @@
-"""Tests for hooks/audit.py: EpochAudit lines and read_audit."""
+"""Tests for hooks/epoch/audit.py: EpochAudit lines and read_audit."""
 
 import json
 import os
 
-from hooks import audit as audit_lib
-from hooks.audit import AUDIT_FILENAME, EpochAudit, read_audit
-from hooks.epoch_input import EpochStats
+from hooks.epoch import audit as audit_lib
+from hooks.epoch.audit import AUDIT_FILENAME, EpochAudit, read_audit
+from hooks.data.epoch_input import EpochStats
 
 
 def _stats(epoch, batches, examples, started_at, ended_at):

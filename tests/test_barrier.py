@@ -1,4 +1,4 @@
-"""Tests for hooks/barrier.py: EpochBarrierHook validation, the chief's path and its timeouts.
+"""Tests for hooks/epoch/barrier.py: EpochBarrierHook validation, the chief's path and its timeouts.
 
 In-process: the barrier state lives on the local session's own device (ps_device=LOCAL).
 Two-task tests run two sessions, one per thread, against one in-process server
@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import barrier as barrier_lib
-from hooks.audit import read_audit
-from hooks.barrier import EpochBarrierHook
-from hooks.checkpointing import ChiefSaveAfterBarrierHook
-from hooks.epoch_input import EpochInput, EpochListener
+from hooks.epoch import barrier as barrier_lib
+from hooks.epoch.audit import read_audit
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
+from hooks.data.epoch_input import EpochInput, EpochListener
 from hooks.errors import BarrierTimeoutError, ConfigError, EpochIncompleteError
-from hooks.session import FastWorkerSessionCreator
+from hooks.session.creators import FastWorkerSessionCreator
 from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import user_loop as _train
 

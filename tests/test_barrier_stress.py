@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Tests for hooks/checkpointing.py: ChiefSaveAfterBarrierHook, one checkpoint per epoch.
+"""Tests for hooks/checkpoint/epoch_save.py: ChiefSaveAfterBarrierHook, one checkpoint per epoch.
 
 In-process: a one-worker (chief-only) barrier whose state lives on the local session's device.
 """
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import checkpointing as checkpointing_lib
-from hooks.audit import read_audit
-from hooks.barrier import EpochBarrierHook
-from hooks.checkpointing import ChiefSaveAfterBarrierHook, epoch_checkpoint_prefix
-from hooks.done_counter import WorkerDoneHook
-from hooks.epoch_input import EpochInput
+from hooks.checkpoint import epoch_save as checkpointing_lib
+from hooks.epoch.audit import read_audit
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook, epoch_checkpoint_prefix
+from hooks.sync.done_counter import WorkerDoneHook
+from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError
 from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import train as _train

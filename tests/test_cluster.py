@@ -1,4 +1,4 @@
-"""Tests for hooks/cluster.py: ClusterConfig, resolve() and worker_problems()."""
+"""Tests for hooks/config/cluster.py: ClusterConfig, resolve() and worker_problems()."""
 
 import copy
 import dataclasses
@@ -13,9 +13,9 @@ from unittest import mock
 from absl import flags
 import pytest
 
-from hooks import cluster as cluster_lib
-from hooks import flags as flags_lib
-from hooks.cluster import ClusterConfig
+from hooks.config import cluster as cluster_lib
+from hooks.config import flags as flags_lib
+from hooks.config.cluster import ClusterConfig
 from hooks.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +63,7 @@ class TestWorkerProblems:
 
 
 def test_import_does_not_import_tensorflow():
-  code = "import sys, hooks.cluster; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+  code = "import sys, hooks.config.cluster; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
   result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
   assert result.returncode == 0, result.stderr
@@ -314,7 +314,7 @@ class TestResolve:
       cluster_lib.resolve(env={}, flag_values=_cluster_flags())
 
   def test_cluster_flags_not_defined(self):
-    with pytest.raises(ConfigError, match=r"call hooks.flags.define_cluster_flags\(flag_values\)"):
+    with pytest.raises(ConfigError, match=r"call hooks.config.flags.define_cluster_flags\(flag_values\)"):
       cluster_lib.resolve(env={}, flag_values=flags.FlagValues())
 
   def test_num_workers_mismatch_with_tf_config(self):

@@ -22,7 +22,7 @@ import pytest
 
 import cluster_checks
 from examples import ctr_data
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.estimator]  # canned estimators

@@ -1,4 +1,4 @@
-"""hooks.determinism: which tf.data stages can read a shard in another order on a rerun."""
+"""hooks.data.determinism: which tf.data stages can read a shard in another order on a rerun."""
 
 import logging as std_logging
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from hooks import determinism
+from hooks.data import determinism
 from tests.tf_unit import graph, v1  # pylint: disable=unused-import; graph: fresh per test
 
 _RANGE = lambda: tf.data.Dataset.range(20)

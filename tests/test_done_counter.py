@@ -1,4 +1,4 @@
-"""Tests for hooks/done_counter.py: WorkerDoneHook and the DONE_OPS collection.
+"""Tests for hooks/sync/done_counter.py: WorkerDoneHook and the DONE_OPS collection.
 
 In-process: `epochsync/done_epochs` lives on the local session's own device.
 """
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import done_counter as done_counter_lib
+from hooks.sync import done_counter as done_counter_lib
 from hooks import graph_keys
-from hooks.barrier import EpochBarrierHook
-from hooks.done_counter import WorkerDoneHook
-from hooks.epoch_input import EpochInput, EpochListener
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.sync.done_counter import WorkerDoneHook
+from hooks.data.epoch_input import EpochInput, EpochListener
 from hooks.errors import ConfigError
 from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import train as _train

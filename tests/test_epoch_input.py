@@ -1,4 +1,4 @@
-"""Tests for hooks/epoch_input.py: EpochInput, its driver hook and the EpochListener calls.
+"""Tests for hooks/data/epoch_input.py: EpochInput, its driver hook and the EpochListener calls.
 
 In-process: one local session, a fresh graph per test, no cluster.
 """
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import epoch_input as epoch_input_lib
-from hooks.epoch_input import EpochInput, EpochListener, EpochStats
+from hooks.data import epoch_input as epoch_input_lib
+from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError, EpochIncompleteError
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import train as _train

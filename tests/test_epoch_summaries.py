@@ -1,4 +1,4 @@
-"""Tests for hooks/epoch_summaries.py: the chief's per-epoch TensorBoard scalars, read back.
+"""Tests for hooks/epoch/summaries.py: the chief's per-epoch TensorBoard scalars, read back.
 
 In-process: one chief (num_workers=1) whose barrier state lives on the local device.
 """
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import epoch_summaries as summaries_lib
-from hooks.barrier import EpochBarrierHook
-from hooks.checkpointing import ChiefSaveAfterBarrierHook
-from hooks.epoch_input import EpochInput
-from hooks.epoch_summaries import EpochSummaryHook, read_epoch_summaries
+from hooks.epoch import summaries as summaries_lib
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
+from hooks.data.epoch_input import EpochInput
+from hooks.epoch.summaries import EpochSummaryHook, read_epoch_summaries
 from hooks.errors import ConfigError
 from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import train as _train

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import cluster_checks
-from hooks.audit import read_audit
-from hooks.epoch_summaries import read_epoch_summaries
+from hooks.epoch.audit import read_audit
+from hooks.epoch.summaries import read_epoch_summaries
 from hooks.testing.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -15,7 +15,7 @@ import pytest
 
 import cluster_checks
 
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
 

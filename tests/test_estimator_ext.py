@@ -17,10 +17,10 @@ import estimator_ext
 from estimator_ext import evaluator as evaluator_lib
 from estimator_ext import optimizer as optimizer_lib
 from estimator_ext.early_stopping import EarlyStopping, EarlyStoppingState
-from hooks import flags as epochsync_flags  # pylint: disable=unused-import; defines --epochsync_*
-from hooks.audit import AUDIT_FILENAME
+from hooks.config import flags as epochsync_flags  # pylint: disable=unused-import; defines --epochsync_*
+from hooks.epoch.audit import AUDIT_FILENAME
 from hooks.errors import ConfigError
-from hooks.settings import EpochSyncSettings
+from hooks.config.settings import EpochSyncSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
@@ -420,10 +420,10 @@ class TestTrainingHooks:
   @pytest.mark.parametrize("tf_random_seed, flagged", [(None, 1), (3, 0)])
   def test_run_config_tf_random_seed_seeds_the_input_fns_shuffle(self, tmp_path,
                                                                  tf_random_seed, flagged):
-    """What hooks.determinism's warning tells Estimator users: RunConfig(tf_random_seed=N)
+    """What hooks.data.determinism's warning tells Estimator users: RunConfig(tf_random_seed=N)
     makes an input_fn's unseeded shuffle repeat its order on a rerun."""
     from estimator_ext import training
-    from hooks import determinism
+    from hooks.data import determinism
     built = []
 
     def input_fn():
@@ -556,7 +556,7 @@ class TestEvaluatorLoop:
 
   def test_a_chief_that_dies_is_named_within_seconds(self, evaluator, tmp_path):
     from hooks.errors import TaskDiedError
-    from hooks.liveness import LivenessMonitor, Probe
+    from hooks.faults.liveness import LivenessMonitor, Probe
     run, estimator, clock = evaluator
     _chief_wrote(str(tmp_path), [0])
     answers = iter([Probe("up", 7)] + [Probe("down", None, "UNAVAILABLE: refused")] * 10)
@@ -581,7 +581,7 @@ class TestEvaluatorLoop:
     evaluator (startup timeout 600 s) gives up at its first poll, naming each and its error."""
     from estimator_ext import exit_record
     from hooks.errors import TaskDiedError
-    from hooks.liveness import LivenessMonitor, Probe
+    from hooks.faults.liveness import LivenessMonitor, Probe
     run, _, clock = evaluator
     for task in ("chief:0", "worker:0", "worker:1"):
       exit_record.write(str(tmp_path), task, ValueError(f"bad input_fn on {task}"))
@@ -600,7 +600,7 @@ class TestEvaluatorLoop:
                                                                              tmp_path):
     """A record older than the evaluator and the run record, or of a task that answers again."""
     from estimator_ext import exit_record
-    from hooks.liveness import LivenessMonitor, Probe
+    from hooks.faults.liveness import LivenessMonitor, Probe
     run, estimator, _ = evaluator
     exit_record.write(str(tmp_path), "worker:0", ValueError("old"))
     records = exit_record.read_all(str(tmp_path))
@@ -690,7 +690,7 @@ def _run_local(args, tmp_path):
 @pytest.mark.timeout(150)
 def test_local_mode_returns_one_result_per_epoch(tmp_path):
   """No TF_CONFIG: one process trains 3 epochs of its 3 batches, saving and evaluating each."""
-  from hooks.audit import read_audit
+  from hooks.epoch.audit import read_audit
   from hooks.testing import oracle
   from examples import estimator_data as example
   model_dir = str(tmp_path / "model")
@@ -719,7 +719,7 @@ def test_local_mode_returns_one_result_per_epoch(tmp_path):
 @pytest.mark.timeout(150)
 def test_local_early_stop_then_a_relaunch_trains_nothing_more(tmp_path):
   """min_delta=100: epoch 1 cannot improve on epoch 0, so training stops after epoch 1 of 6."""
-  from hooks.audit import read_audit
+  from hooks.epoch.audit import read_audit
   model_dir = str(tmp_path / "model")
   args = [os.path.join("tests", "tasks", "estimator_task.py"), f"--model_dir={model_dir}",
           "--shard_batches=2", "--epochsync_num_epochs=6", "--early_stopping_patience=1",

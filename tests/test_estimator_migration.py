@@ -17,7 +17,7 @@ import types
 import numpy as np
 import pytest
 
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 from cluster_checks import assert_equals_oracle
 

@@ -1,4 +1,4 @@
-"""Tests for hooks/flags.py: flag definitions, validators, and conversion to config objects."""
+"""Tests for hooks/config/flags.py: flag definitions, validators, and conversion to config objects."""
 
 import json
 
@@ -6,8 +6,8 @@ from absl import flags
 from absl.testing import flagsaver
 import pytest
 
-from hooks import flags as flags_lib
-from hooks.settings import EpochSyncSettings
+from hooks.config import flags as flags_lib
+from hooks.config.settings import EpochSyncSettings
 from hooks.errors import ConfigError
 
 FLAGS = flags.FLAGS
@@ -157,7 +157,7 @@ class TestEnvironmentVariables:
 
   def test_every_flag_has_a_variable(self, parse, monkeypatch):
     assert sorted(h.name for h in flags_lib.EPOCHSYNC_FLAGS) == sorted(ENV_VALUES)
-    defined = [f.name for f in FLAGS.get_flags_for_module("hooks.flags")
+    defined = [f.name for f in FLAGS.get_flags_for_module("hooks.config.flags")
                if f.name.startswith("epochsync_")]
     assert sorted(defined) == sorted(ENV_VALUES)  # No flag is missing from EPOCHSYNC_FLAGS.
     for name, (text, _) in ENV_VALUES.items():

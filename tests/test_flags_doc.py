@@ -1,9 +1,9 @@
-"""docs/flags.md's table is generated from hooks/flags.py and must be up to date."""
+"""docs/flags.md's table is generated from hooks/config/flags.py and must be up to date."""
 
 from absl import flags
 
-from hooks import flags as flags_lib
-from hooks import flags_doc
+from hooks.config import flags as flags_lib
+from hooks.config import flags_doc
 
 
 def test_exports():
@@ -14,7 +14,7 @@ def test_docs_flags_md_is_up_to_date():
   with open(flags_doc.DOC_PATH) as f:
     current = f.read()
   assert current == flags_doc.render(current), (
-      "docs/flags.md is out of date: run python -m hooks.flags_doc")
+      "docs/flags.md is out of date: run python -m hooks.config.flags_doc")
 
 
 def test_the_table_has_every_flag_with_its_variable_default_and_bounds():

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from hooks import _tf_version
+from hooks.config import tf_version as _tf_version
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -132,7 +132,7 @@ def test_the_scan_sees_each_format_and_the_allow_list_only_its_notices():
       "Traceback (most recent call last):",
       "E0000 00:00:1795468076.912047    2104 grpc_server_lib.cc:9] something new",
       "W0000 00:00:1795468076.912047    2104 accumulator.cc:45] another runtime warning",
-      "WARNING:tensorflow:From /x/hooks/tokens.py:108: SessionRunArgs.__new__ (from tensorflow."
+      "WARNING:tensorflow:From /x/hooks/sync/tokens.py:108: SessionRunArgs.__new__ (from tensorflow."
       "python.training.session_run_hook) is deprecated and will be removed in a future version"
       ". But more",
   ]

@@ -8,8 +8,8 @@ from absl import flags
 from absl.testing import flagsaver
 import pytest
 
-from hooks import flags as epochsync_flags
-from hooks.cluster import ClusterConfig
+from hooks.config import flags as epochsync_flags
+from hooks.config.cluster import ClusterConfig
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is in the `test` extra of setup.cfg")
 

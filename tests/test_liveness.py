@@ -1,4 +1,4 @@
-"""Tests for hooks/liveness.py: who is up, who died, who restarted; probes of real servers."""
+"""Tests for hooks/faults/liveness.py: who is up, who died, who restarted; probes of real servers."""
 
 import threading
 import time
@@ -7,10 +7,10 @@ import portpicker
 import pytest
 import tensorflow as tf
 
-from hooks import liveness
-from hooks.cluster import ClusterConfig
+from hooks.faults import liveness
+from hooks.config.cluster import ClusterConfig
 from hooks.errors import EpochSyncError, StartupTimeoutError, TaskDiedError
-from hooks.liveness import LivenessMonitor, Probe
+from hooks.faults.liveness import LivenessMonitor, Probe
 
 ADDRESSES = {"chief:0": "h0:1", "worker:0": "h1:1", "ps:0": "h2:1", "ps:1": "h3:1"}
 

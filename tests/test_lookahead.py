@@ -1,4 +1,4 @@
-"""Tests for hooks/lookahead.py: every element a Dataset yields passes through EpochInput unchanged.
+"""Tests for hooks/data/lookahead.py: every element a Dataset yields passes through EpochInput unchanged.
 
 In-process: each test reads its dataset once with a plain iterator (the reference) and then
 through EpochInput for several epochs, and compares every batch component by component
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import lookahead as lookahead_lib
-from hooks.epoch_input import EpochInput
+from hooks.data import lookahead as lookahead_lib
+from hooks.data.epoch_input import EpochInput
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import train as _train
 

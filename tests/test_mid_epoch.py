@@ -1,4 +1,4 @@
-"""Tests for hooks/mid_epoch.py in-process: which checkpoint a restart restores, an exact resume
+"""Tests for hooks/checkpoint/mid_epoch.py in-process: which checkpoint a restart restores, an exact resume
 of a chief alone after a crash inside an epoch, and the refusals.
 
 The chief alone trains asynchronously (no sync optimizer): its mid-epoch position is its own
@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import mid_epoch
-from hooks.mid_epoch_restore import MidEpochRestoreHook
-from hooks.mid_epoch_resume import MidEpochResume
-from hooks.audit import read_audit
-from hooks.barrier import EpochBarrierHook
-from hooks.checkpointing import ChiefSaveAfterBarrierHook
-from hooks.epoch_input import EpochInput
+from hooks.checkpoint import mid_epoch
+from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
+from hooks.checkpoint.mid_epoch_resume import MidEpochResume
+from hooks.epoch.audit import read_audit
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
+from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError
-from hooks.session import EpochSyncChiefSessionCreator
+from hooks.session.creators import EpochSyncChiefSessionCreator
 from tf_unit import LOCAL, graph, user_loop, v1  # noqa: F401  (graph: a fresh graph per test)
 
 EXAMPLES, BATCH, EPOCHS = 12, 2, 2  # 6 batches per epoch

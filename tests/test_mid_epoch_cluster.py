@@ -22,7 +22,7 @@ import time
 import pytest
 
 from cluster_checks import assert_equals_oracle, checkpoint_value, mid_epoch_saved_in
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

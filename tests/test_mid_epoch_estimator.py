@@ -2,7 +2,7 @@
 
 DNNLinearCombinedRegressor trains with two sync optimizers (Ftrl and Adagrad, an embedding over
 2 ps); the chief saves a mid-epoch checkpoint every 2 steps (EpochSyncRunConfig takes
---epochsync_save_checkpoint_steps) between two aggregations of both (hooks.aggregation_group).
+--epochsync_save_checkpoint_steps) between two aggregations of both (hooks.sync.aggregation_group).
 The chief, a worker or a ps is SIGKILLed inside the (one) epoch after such a save; a relaunch
 on the same model_dir finishes the job. Every variable of its last checkpoint (the optimizers' slots and global_step included)
 must equal an uninterrupted run's from the same initial values; the audit counts each shard
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from cluster_checks import mid_epoch_saved_in
-from hooks.audit import read_audit
+from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

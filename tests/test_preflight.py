@@ -1,4 +1,4 @@
-"""Tests for hooks/preflight.py: bad set-ups are refused before the first training step.
+"""Tests for hooks/config/preflight.py: bad set-ups are refused before the first training step.
 
 In-process: a fresh graph per test, local sessions. Each refusal is checked through the real
 path (MonitoredSession / MonitoredTrainingSession creating EpochInput.hook and the other
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import preflight
-from hooks.barrier import EpochBarrierHook
-from hooks.checkpointing import ChiefSaveAfterBarrierHook
-from hooks.epoch_input import EpochInput, EpochListener
+from hooks.config import preflight
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
+from hooks.data.epoch_input import EpochInput, EpochListener
 from hooks.errors import ConfigError
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import train as _train, user_loop
 

@@ -1,4 +1,4 @@
-"""Tests for hooks/progress.py: one line per epoch, and at most one per `every_secs` within it."""
+"""Tests for hooks/epoch/progress.py: one line per epoch, and at most one per `every_secs` within it."""
 
 import re
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks import progress as progress_lib
-from hooks.epoch_input import EpochInput
+from hooks.epoch import progress as progress_lib
+from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError
-from hooks.progress import EpochProgressHook
+from hooks.epoch.progress import EpochProgressHook
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 from tf_unit import train as _train
 

@@ -1,4 +1,4 @@
-"""Tests for hooks/recovery_guard.py: TensorFlow's own session recovery never resumes an
+"""Tests for hooks/faults/recovery_guard.py: TensorFlow's own session recovery never resumes an
 epoch-synchronized task, nor spins on a dead task; in-process, with an injected exit."""
 
 import os
@@ -10,10 +10,11 @@ import pytest
 import tensorflow as tf
 
 import hooks
-from hooks import recovery_guard, recovery_stack
+from hooks.faults import recovery_guard
+from hooks.faults import process_exit as recovery_stack
 from hooks.errors import EpochSyncError, TaskDiedError
-from hooks.liveness import LivenessMonitor, Probe
-from hooks.recovery_guard import RecoveryGuardHook
+from hooks.faults.liveness import LivenessMonitor, Probe
+from hooks.faults.recovery_guard import RecoveryGuardHook
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 
 ADDRESSES = {"worker:0": "w0", "ps:0": "p0", "ps:1": "p1"}

@@ -1,12 +1,12 @@
-"""Tests for hooks/restore.py and the chief's partial restore in EpochSyncChiefSessionCreator."""
+"""Tests for hooks/checkpoint/partial_restore.py and the chief's partial restore in EpochSyncChiefSessionCreator."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks import restore as restore_lib
-from hooks.session import EpochSyncChiefSessionCreator
+from hooks.checkpoint import partial_restore as restore_lib
+from hooks.session.creators import EpochSyncChiefSessionCreator
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 
 

@@ -1,4 +1,4 @@
-"""Tests for hooks/run_start.py: the chief cleans up and starts the run, workers wait for it."""
+"""Tests for hooks/epoch/run_start.py: the chief cleans up and starts the run, workers wait for it."""
 
 import threading
 import time
@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks import run_start
+from hooks.epoch import run_start
 from hooks.errors import ConfigError, StartupTimeoutError
-from hooks.liveness import LivenessMonitor, Probe
-from hooks.run_start import RunStartHook
+from hooks.faults.liveness import LivenessMonitor, Probe
+from hooks.epoch.run_start import RunStartHook
 from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
 
 
@@ -147,7 +147,7 @@ def test_a_task_answering_at_its_own_address_passes_the_check(graph):
 
 def test_a_hook_placed_before_the_run_start_is_refused(graph):
   """The chief's aggregation must not start before its clean-up of the ps-side queues."""
-  import hooks.tokens  # noqa: F401  (the check is what SafeSyncTokensHook calls)
+  import hooks.sync.tokens  # noqa: F401  (the check is what SafeSyncTokensHook calls)
   hook = _hook(_Probes(chief_incarnation=1), is_chief=True, task_name="chief:0")
   hook.begin()
   with pytest.raises(ConfigError, match=r"^SafeSyncTokensHook runs before the RunStartHook: put "

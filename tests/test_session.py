@@ -5,10 +5,10 @@ import time
 import pytest
 import tensorflow as tf
 
-from hooks import session as session_lib
+from hooks.session import creators as session_lib
 from hooks.errors import EpochSyncError, StartupTimeoutError, TaskDiedError
-from hooks.liveness import LivenessMonitor, Probe
-from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
+from hooks.faults.liveness import LivenessMonitor, Probe
+from hooks.session.creators import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 
 

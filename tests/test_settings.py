@@ -1,13 +1,13 @@
-"""Tests for hooks/settings.py: EpochSyncSettings validates every field, all at once."""
+"""Tests for hooks/config/settings.py: EpochSyncSettings validates every field, all at once."""
 
 import dataclasses
 import re
 
 import pytest
 
-from hooks import settings as settings_lib
+from hooks.config import settings as settings_lib
 from hooks.errors import ConfigError
-from hooks.settings import EpochSyncSettings
+from hooks.config.settings import EpochSyncSettings
 
 
 def test_exports():

@@ -1,12 +1,12 @@
-"""Tests for hooks/step_counter.py: no "global step has not been increased" for a stepping run."""
+"""Tests for hooks/sync/step_counter.py: no "global step has not been increased" for a stepping run."""
 
 import logging as std_logging
 
 import pytest
 import tensorflow as tf
 
-from hooks import step_counter
-from hooks.step_counter import SyncStepCounterHook
+from hooks.sync import step_counter
+from hooks.sync.step_counter import SyncStepCounterHook
 
 v1 = tf.compat.v1
 _WARNING = "has not been increased"

@@ -22,7 +22,7 @@ EPOCHS = 2
 
 def _optimizer(num_workers=3, worker_id=0, **kwargs):
   import tensorflow as tf
-  from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+  from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
   sgd = tf.compat.v1.train.GradientDescentOptimizer(sync_data.LEARNING_RATE)
   return WorkerDoneSyncReplicasOptimizer(sgd, num_workers, worker_id, **kwargs)
 
@@ -98,7 +98,7 @@ class TestLockstepSgdOracle:
 class TestWorkerDoneSyncReplicasOptimizer:
 
   def test_exports(self):
-    from hooks import sync_optimizer
+    from hooks.sync import optimizer as sync_optimizer
     assert sorted(sync_optimizer.__all__) == [
         "ABORT_TOKEN", "DONE", "DelegatingOptimizer", "GRAD", "STOP", "SyncOps",
         "WorkerDoneSyncReplicasOptimizer"]
@@ -210,7 +210,7 @@ class TestWorkerDoneSyncReplicasOptimizer:
       _optimizer(num_workers=3, worker_id=worker_id)
 
   def test_rejects_wrong_worker_names_and_optimizer(self):
-    from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+    from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
     with pytest.raises(ConfigError, match=r"worker_names has 2 names but num_workers=3"):
       _optimizer(worker_names=["chief:0", "worker:0"])
     with pytest.raises(ConfigError, match=r"opt='sgd' is not a tf.compat.v1.train.Optimizer"):
@@ -219,7 +219,7 @@ class TestWorkerDoneSyncReplicasOptimizer:
   def test_stock_constructor_arguments_take_the_worker_from_tf_config(self, monkeypatch):
     """Renaming stock's class is the whole change: worker id and names come from TF_CONFIG."""
     import tensorflow as tf
-    from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+    from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
     monkeypatch.setenv("TF_CONFIG", json.dumps({
         "cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]},
         "task": {"type": "worker", "index": 1}}))
@@ -483,7 +483,7 @@ class TestWorkerDoneSyncReplicasOptimizerCluster:
 def _two_worker_dense_and_sparse_model():
   """In the default graph: a dense and an embedding variable, worker 0 of 2's sync train_op."""
   import tensorflow as tf
-  from hooks import sync_optimizer
+  from hooks.sync import optimizer as sync_optimizer
   v1 = tf.compat.v1
   global_step = v1.train.get_or_create_global_step()
   w = v1.get_variable("w", [3], initializer=v1.zeros_initializer(), use_resource=False)

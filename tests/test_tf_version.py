@@ -1,4 +1,4 @@
-"""hooks/_tf_version.py: `import hooks` needs TensorFlow 2.15-2.21, `import estimator_ext` 2.15 with
+"""hooks/config/tf_version.py: `import hooks` needs TensorFlow 2.15-2.21, `import estimator_ext` 2.15 with
 tensorflow-estimator; the messages name the version found, the range and what to install.
 
 The import checks run in a subprocess with importlib.metadata faked, so this process's imports
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from hooks import _tf_version
+from hooks.config import tf_version as _tf_version
 from hooks.errors import EpochSyncError, EstimatorUnavailableError, UnsupportedTensorFlowError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

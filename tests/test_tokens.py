@@ -46,7 +46,7 @@ class _Reader:
 def _hook(clock=None, worker_id=1, build=True, **kwargs):
   """(hook, optimizer) for worker `worker_id` of 3, in a fresh graph; begin() already called."""
   import tensorflow as tf
-  from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+  from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
   graph = tf.Graph()
   with graph.as_default():
     opt = WorkerDoneSyncReplicasOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), 3,
@@ -71,7 +71,7 @@ def _start_step(hook, fetches):
 class TestSafeSyncTokensHook:
 
   def test_exports(self):
-    from hooks import tokens
+    from hooks.sync import tokens
     assert tokens.__all__ == ["SafeSyncTokensHook"]
 
   @pytest.mark.parametrize("num_tokens", [-1, 2])

@@ -1,4 +1,4 @@
-"""Tests for hooks/training_session.py: the drop-in for MonitoredTrainingSession.
+"""Tests for hooks/session/training_session.py: the drop-in for MonitoredTrainingSession.
 
 Argument checks and the hook wiring run without a session (MonitoredSession is replaced by a
 recorder); one test trains for real on an in-process cluster (a ps and a worker server).
@@ -13,28 +13,28 @@ import portpicker
 import pytest
 import tensorflow as tf
 
-from hooks import training_session as ts_lib
-from hooks.barrier import EpochBarrierHook
-from hooks.audit import read_audit
-from hooks.checkpointing import ChiefSaveAfterBarrierHook
-from hooks.cluster import ClusterConfig
-from hooks.done_counter import WorkerDoneHook
-from hooks.epoch_input import EpochInput
-from hooks.epoch_summaries import EpochSummaryHook, read_epoch_summaries
+from hooks.session import training_session as ts_lib
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.epoch.audit import read_audit
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
+from hooks.config.cluster import ClusterConfig
+from hooks.sync.done_counter import WorkerDoneHook
+from hooks.data.epoch_input import EpochInput
+from hooks.epoch.summaries import EpochSummaryHook, read_epoch_summaries
 from hooks.errors import ConfigError
-from hooks.progress import EpochProgressHook
-from hooks import liveness
-from hooks.mid_epoch import MidEpochSaveHook
-from hooks.mid_epoch_restore import MidEpochRestoreHook
-from hooks.mid_epoch_resume import MidEpochResume
-from hooks.recovery_guard import RecoveryGuardHook
-from hooks.run_start import RunStartHook
-from hooks.session import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
-from hooks.settings import EpochSyncSettings
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
-from hooks.step_counter import SyncStepCounterHook
-from hooks.tokens import SafeSyncTokensHook
-from hooks.training_session import USE_DEFAULT, monitored_training_session
+from hooks.epoch.progress import EpochProgressHook
+from hooks.faults import liveness
+from hooks.checkpoint.mid_epoch import MidEpochSaveHook
+from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
+from hooks.checkpoint.mid_epoch_resume import MidEpochResume
+from hooks.faults.recovery_guard import RecoveryGuardHook
+from hooks.epoch.run_start import RunStartHook
+from hooks.session.creators import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
+from hooks.config.settings import EpochSyncSettings
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.sync.step_counter import SyncStepCounterHook
+from hooks.sync.tokens import SafeSyncTokensHook
+from hooks.session.training_session import USE_DEFAULT, monitored_training_session
 from tf_unit import graph, user_loop, v1  # noqa: F401  (graph: a fresh graph per test)
 
 CLUSTER = {"chief": ["localhost:1"], "worker": ["localhost:2", "localhost:3"],

@@ -1,4 +1,4 @@
-"""Tests for hooks/waiting.py: BackgroundRun waits with ticks and a deadline, never cancels early."""
+"""Tests for hooks/faults/waiting.py: BackgroundRun waits with ticks and a deadline, never cancels early."""
 
 import threading
 import time
@@ -6,8 +6,8 @@ import time
 import pytest
 import tensorflow as tf
 
-from hooks import waiting
-from hooks.waiting import BackgroundRun
+from hooks.faults import waiting
+from hooks.faults.waiting import BackgroundRun
 
 
 class _BlockingSession:

@@ -9,7 +9,7 @@ import time
 from absl import app
 from absl import flags
 
-from hooks import cluster as cluster_lib
+from hooks.config import cluster as cluster_lib
 from hooks import log as logging
 
 

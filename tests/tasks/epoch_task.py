@@ -16,7 +16,7 @@ from absl import flags
 import tensorflow as tf
 
 from examples import train
-from hooks.epoch_input import EpochListener
+from hooks.data.epoch_input import EpochListener
 
 _STEP_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.0, "Sleep after every step.")
 _SLOWDOWN = flags.DEFINE_float("slowdown", 1.0, "This task's steps sleep this many times "

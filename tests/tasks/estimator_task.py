@@ -1,6 +1,6 @@
 """Cluster test task: an Estimator job under estimator_ext.train_and_evaluate, settings from flags.
 
-The --epochsync_* flags are defined (hooks.flags), so EpochSyncRunConfig takes its defaults from
+The --epochsync_* flags are defined (hooks.config.flags), so EpochSyncRunConfig takes its defaults from
 them. Every task writes <model_dir>/summary-<task>.json with what train_and_evaluate returned.
 
   --model=linear      examples/estimator_train.py's model_fn and input_fns (custom model_fn)
@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import estimator_ext
 from examples import estimator_train
-from hooks import flags as epochsync_flags  # pylint: disable=unused-import; the --epochsync_* flags
+from hooks.config import flags as epochsync_flags  # pylint: disable=unused-import; the --epochsync_* flags
 
 _MODEL = flags.DEFINE_enum("model", "linear", ["linear", "wide_deep"], "Which Estimator.")
 _PATIENCE = flags.DEFINE_integer("early_stopping_patience", 0, "0: no early stopping.")

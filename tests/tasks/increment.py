@@ -11,8 +11,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from hooks import cluster as cluster_lib
-from hooks import session as session_lib
+from hooks.config import cluster as cluster_lib
+from hooks.session import creators as session_lib
 
 _REPEAT = flags.DEFINE_integer("repeat", 5, "Increments per worker.")
 _MODE = flags.DEFINE_enum("mode", "ok", ["ok", "crash", "hang"], "How this task behaves.")

@@ -19,10 +19,10 @@ from absl import flags
 import tensorflow as tf
 
 from examples import ctr_data
-from hooks import flags as epochsync_flags
-from hooks.epoch_input import EpochInput
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
-from hooks.training_session import monitored_training_session
+from hooks.config import flags as epochsync_flags
+from hooks.data.epoch_input import EpochInput
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.session.training_session import monitored_training_session
 
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "The TFRecord files (part-*.tfrecord).")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, audit, summaries.")

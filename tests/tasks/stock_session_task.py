@@ -24,10 +24,10 @@ import tensorflow as tf
 import epoch_task  # tests/tasks: the fault hooks and their flags
 import stock_sessions  # tests/tasks: the two forms of TensorFlow's own session
 from examples import train
-from hooks import flags as epochsync_flags
-from hooks.epoch_input import EpochInput
-from hooks.epoch_sync import epoch_sync_hooks
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.config import flags as epochsync_flags
+from hooks.data.epoch_input import EpochInput
+from hooks.session.wiring import epoch_sync_hooks
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 
 _SESSION = flags.DEFINE_enum("session", "mts", list(stock_sessions.KINDS),
                              "TensorFlow's session (tests/tasks/stock_sessions.py).")

@@ -15,7 +15,7 @@ from absl import flags
 import tensorflow as tf
 
 from examples import train
-from hooks import flags as epochsync_flags
+from hooks.config import flags as epochsync_flags
 
 _STEPS = flags.DEFINE_integer("stock_steps", 5, "Steps to train.")
 _v1 = tf.compat.v1

@@ -21,11 +21,11 @@ from absl import logging
 import tensorflow as tf
 
 import sync_data
-from hooks import cluster as cluster_lib
-from hooks import flags as epochsync_flags
+from hooks.config import cluster as cluster_lib
+from hooks.config import flags as epochsync_flags
 from hooks import graph_keys
-from hooks import session as session_lib
-from hooks.sync_optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.session import creators as session_lib
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 
 _SHARDS = flags.DEFINE_list("shard_batches", ["7", "4", "1"], "Batches per worker, by worker_id.")
 _BATCH = flags.DEFINE_integer("batch_size", 4, "Examples per batch.")

@@ -1,0 +1,75 @@
+"""Draws docs/architecture.png: hooks/'s layers, their modules and the allowed imports.
+
+  ./es bench --only=none >/dev/null; .venv/bin/python docs/architecture_png.py
+
+The layers and modules are read from tests/test_layers.py's LAYERS and from hooks/ itself, so
+the picture shows the tree as it is.
+"""
+
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from test_layers import LAYERS, _modules  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+OWNS = {
+    "session": "creators, wiring (epoch_sync_hooks), the drop-in",
+    "sync": "worker-done optimizer, tokens, aggregation",
+    "checkpoint": "epoch save, mid-epoch save / restore / resume",
+    "epoch": "run start, barrier, audit, progress",
+    "data": "EpochInput, look-ahead, determinism",
+    "faults": "liveness, bounded waits, recovery guard",
+    "config": "cluster, settings, flags, preflight",
+    "bottom": "errors, log, graph_keys",
+}
+
+
+def main():
+  modules = _modules()
+  rows = {}
+  for name, rank in LAYERS.items():
+    key = "bottom" if rank == 0 else name
+    rows.setdefault(rank, [])
+    if key not in rows[rank]:
+      rows[rank].append(key)
+  fig, ax = plt.subplots(figsize=(11, 8.5))
+  ax.set_xlim(0, 10)
+  ax.set_ylim(-0.6, max(rows) + 0.8)
+  ax.axis("off")
+  centers = {}
+  for rank, names in rows.items():
+    width = 8.6 / len(names)
+    for i, name in enumerate(names):
+      x = 0.7 + i * width
+      inner = sorted(m.split(".")[-1] for m in modules
+                     if m.count(".") == 2 and m.split(".")[1] == name)
+      label = "hooks/" + ("{errors,log,graph_keys}.py" if name == "bottom" else name + "/")
+      ax.add_patch(plt.Rectangle((x, rank - 0.38), width - 0.3, 0.76, fc="#e8eef7",
+                                 ec="#35508a", lw=1.2))
+      ax.text(x + 0.1, rank + 0.24, f"{label}  (layer {rank})", fontsize=10, weight="bold",
+              va="center")
+      ax.text(x + 0.1, rank + 0.07, OWNS[name], fontsize=8.5, va="center", style="italic")
+      per_line = max(1, int(width * 0.8))  # names that fit on one line of this box
+      lines = [", ".join(inner[i:i + per_line]) for i in range(0, len(inner), per_line)]
+      ax.text(x + 0.1, rank - 0.18, "\n".join(lines), fontsize=7, va="center")
+      centers[name] = (x + (width - 0.3) / 2, rank)
+  for rank in sorted(rows)[1:]:
+    ax.annotate("", xy=(0.35, rank - 0.7), xytext=(0.35, rank - 0.3),
+                arrowprops=dict(arrowstyle="->", color="#35508a", lw=1.5))
+  ax.text(0.05, max(rows) + 0.55, "Each layer imports only the layers below it (arrows); "
+          "sync and checkpoint are siblings and never import each other.\n"
+          "estimator_ext sits on top of hooks.session; hooks.testing stands apart. "
+          "tests/test_layers.py enforces this.", fontsize=9)
+  out = os.path.join(ROOT, "docs", "architecture.png")
+  fig.savefig(out, dpi=110, bbox_inches="tight")
+  print(out)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,348 @@
+"""A reusable, bounded barrier on ps:0 at the start and at the end of every epoch.
+
+Each non-chief worker, in one run, enqueues one arrival (its epoch statistics) into a queue on
+ps:0 and blocks on its own release queue; the chief takes every arrival with one blocking
+`dequeue_many`, runs its chief actions (save the checkpoint), then releases everyone with one
+enqueue per worker. Without chief actions the gather's own run releases them, on the ps, the
+moment the last arrival is in. No task polls or sleeps, and no blocking dequeue is ever cancelled on the
+normal path: each runs in a thread of its own (`hooks.faults.waiting.BackgroundRun`) while the
+waiting task logs who is still missing every `log_every_secs` (read from the idempotent
+`epochsync/arrived_barrier` variable) and enforces its deadline. Barriers are numbered (start
+of epoch e: 2e, end of epoch e: 2e+1) and checked, so a fast worker's next barrier is never
+confused with this one.
+
+Typical usage:
+  barrier = EpochBarrierHook(epoch_input, num_workers=4, worker_id=config.worker_id,
+                             timeout_secs=600, audit_dir=model_dir)
+  hooks = [barrier, epoch_input.hook]
+"""
+
+import dataclasses
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from hooks.epoch import audit as audit_lib
+from hooks.epoch import barrier_graph
+from hooks import log as logging
+from hooks.config.cluster import worker_problems
+from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
+from hooks.config.settings import MIN_LOG_EVERY_SECS
+from hooks.errors import BarrierTimeoutError, ConfigError, EpochSyncError, TaskDiedError
+from hooks.faults.liveness import LivenessMonitor, explain_lost_session
+from hooks.faults.waiting import BackgroundRun, run_options
+
+__all__ = ["EpochBarrierHook", "ChiefAction"]
+
+_v1 = tf.compat.v1
+_ABORT = -1  # a release carrying this value means the chief gave up waiting
+_REFUSED = barrier_graph.REFUSED  # ... or that the chief refused the tasks' settings
+_RPC_TIMEOUT_SECS = 60.0  # Runs that cannot block: generous, a busy ps must not fail them.
+_READ_TIMEOUT_SECS = 5.0  # The read of who arrived, for a log line or an error message.
+_ABORT_GRACE_SECS = 2.0  # A worker outwaits its deadline by this much for the chief's abort.
+
+# fn(session, epoch, arrivals by task name) -> fields for the audit line
+ChiefAction = Callable[[object, int, Dict[str, EpochStats]], Dict[str, object]]
+
+
+class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
+  """Holds every worker at the start and at the end of each epoch until all have arrived.
+
+  Worker id 0 (the chief: `chief:0`, else `worker:0`) gathers the arrivals, stores the
+  completed epoch in `epochsync/completed_epochs` (so a restarted job resumes after it),
+  runs its chief actions and writes the audit line, then releases the others.
+
+    barrier = EpochBarrierHook(epoch_input, num_workers=3, worker_id=config.worker_id)
+    with tf.compat.v1.train.MonitoredSession(session_creator=creator,
+                                             hooks=[barrier, epoch_input.hook]) as sess:
+      while not sess.should_stop(): sess.run(train_op)
+
+  Args:
+    epoch_input: `EpochInput` whose epochs this barrier separates.
+    num_workers: `int`, training tasks (chief + workers).
+    worker_id: `int`, this task's index in `worker_names`; 0 is the chief.
+    worker_names: task names by worker id, e.g. ("chief:0", "worker:0"); for messages.
+    timeout_secs: `float`, deadline of an end-of-epoch barrier.
+    startup_timeout_secs: `float`, deadline of the start barrier (every worker up).
+    warn_after_secs: `float`, waits longer than this log WARNING instead of INFO.
+    log_every_secs: `float`, period of the "still missing" lines while waiting.
+    audit_dir: where the chief appends `epochsync_epochs.jsonl`; None disables it.
+    ps_device: the device holding the barrier state.
+    liveness: a `LivenessMonitor` (`hooks.faults.liveness.monitor_for(config)`): while waiting, the
+      chief probes the other workers and the ps tasks, a worker the chief and the ps tasks,
+      once a second, and a dead one ends the wait with TaskDiedError. None: timeouts only.
+
+  Raises:
+    ConfigError: for num_workers < 1, a worker_id out of range, non-positive seconds or
+      log_every_secs < 0.001.
+    BarrierTimeoutError: (at run time) naming the barrier, the epoch and the missing tasks.
+    TaskDiedError: (at run time) a task it waited for died, named with the barrier and epoch.
+  """
+
+  order = 20
+
+  def __init__(self, epoch_input: EpochInput, num_workers: int, worker_id: int,
+               worker_names: Optional[Sequence[str]] = None, timeout_secs: float = 1800.0,
+               startup_timeout_secs: float = 600.0, warn_after_secs: float = 60.0,
+               log_every_secs: float = 30.0, audit_dir: Optional[str] = None,
+               ps_device: str = "/job:ps/task:0",
+               liveness: Optional[LivenessMonitor] = None):
+    problems = worker_problems(num_workers, worker_id, worker_names)
+    if min(timeout_secs, startup_timeout_secs, warn_after_secs, log_every_secs) <= 0:
+      problems.append("timeout_secs, startup_timeout_secs, warn_after_secs and log_every_secs "
+                      "must be > 0 (--epochsync_barrier_timeout_secs, ...)")
+    elif log_every_secs < MIN_LOG_EVERY_SECS:
+      problems.append(f"log_every_secs={log_every_secs!r} must be >= {MIN_LOG_EVERY_SECS} "
+                      "(--epochsync_log_every_secs): more than one line per millisecond helps "
+                      "nobody")
+    if problems:
+      raise ConfigError("EpochBarrierHook: " + "; ".join(problems))
+    self._input = epoch_input
+    self.num_workers, self.worker_id = num_workers, worker_id
+    self.worker_names = tuple(worker_names or [f"worker:{i}" for i in range(num_workers)])
+    self.is_chief = worker_id == 0
+    self.task_name = self.worker_names[worker_id]
+    self._timeout_secs, self._startup_timeout_secs = timeout_secs, startup_timeout_secs
+    self._warn_after_secs, self._log_every_secs = warn_after_secs, log_every_secs
+    self._audit = audit_lib.EpochAudit(audit_dir) if audit_dir and self.is_chief else None
+    self._ps_device = ps_device
+    self._liveness = liveness
+    self._chief_actions: List[ChiefAction] = []
+    epoch_input.add_listener(self)
+
+  def add_chief_action(self, action: ChiefAction) -> None:
+    """Runs `action` on the chief after all workers arrived at an epoch's end, before release."""
+    self._chief_actions.append(action)
+
+  def begin(self):
+    ops = barrier_graph.build(self.num_workers, self.worker_id, self._input.num_epochs,
+                              self._ps_device)
+    for field in dataclasses.fields(ops):  # self._seq, self._gather, ... as the runs use them
+      setattr(self, "_" + field.name, getattr(ops, field.name))
+
+  # --- EpochListener -------------------------------------------------------------------
+
+  def start_epoch(self, session) -> int:
+    return int(session.run(self._completed, options=run_options(_RPC_TIMEOUT_SECS)))
+
+  def session_created(self, session, start_epoch: int) -> None:
+    stats = EpochStats(start_epoch, 0, 0, time.time(), time.time())
+    self._sync(session, "start", 2 * start_epoch, stats, self._startup_timeout_secs)
+
+  def epoch_ended(self, session, stats: EpochStats) -> None:
+    self._sync(session, "epoch_end", 2 * stats.epoch + 1, stats, self._timeout_secs)
+
+  # --- the barrier ---------------------------------------------------------------------
+
+  def _sync(self, session, barrier: str, seq: int, stats: EpochStats, timeout: float):
+    wait = _Wait(barrier, seq, stats.epoch, time.monotonic(), timeout)
+    logging.info("%s waiting at %s, epoch %d", self.task_name, barrier, stats.epoch)
+    if self.is_chief:
+      # Chief actions (a save) run between the gather and the release; without any, one run.
+      fold = barrier != "epoch_end" or not self._chief_actions
+      arrivals, step = self._gather_arrivals(session, wait, stats, release=fold)
+      fields = {} if fold else self._run_chief_actions(session, wait, arrivals)
+      if not fold:
+        _, step = self._run(session, self._release, self._release_feed(seq))
+      if self._audit and barrier == "epoch_end":
+        self._audit.write(stats.epoch, arrivals, time.time(), fields,
+                          None if step < 0 else int(step))
+    else:
+      self._arrive_and_wait_for_release(session, wait, stats)
+    logging.info("%s passed %s, epoch %d, after %.3f s", self.task_name, barrier, stats.epoch,
+                 time.monotonic() - wait.start)
+    if barrier == "start" and self._liveness:  # Every task is up: note who answers as whom.
+      self._liveness.probe(sorted(self._liveness.addresses))
+
+  def _gather_arrivals(self, session, wait: "_Wait", own: EpochStats,
+                       release: bool) -> Tuple[Dict[str, EpochStats], int]:
+    """The chief: every worker's EpochStats, from one blocking dequeue_many of n-1 arrivals.
+
+    With `release`, the same run releases the workers (or refuses them, if they disagree).
+    Returns the arrivals and global_step (-1 if none) when they were gathered.
+    """
+    completed = own.epoch + 1 if wait.barrier == "epoch_end" else 0
+    call = BackgroundRun(session, self._gather_and_release if release else self._gather,
+                         wait.deadline,
+                         feed_dict={self._seq: wait.seq, self._new_completed: completed,
+                                    self._zero: 0},
+                         name=f"epochsync-barrier-{wait.barrier}")
+    if not self._wait(session, call, wait):
+      self._abort(session)
+      self._fail(wait, self._missing(session, wait.seq))
+    try:
+      result = self._result(call, wait)
+      arrived, step = result[0], (result[3] if release else -1)
+    except Exception:
+      self._abort(session)
+      raise
+    arrivals = {self.task_name: own}
+    problems = []
+    for (worker, got_seq, batches, examples, n, epochs), (started, ended) in (
+        zip(*arrived) if arrived else ()):
+      name = self.worker_names[worker]
+      if name in arrivals:
+        problems.append(f"two tasks arrived as {name}: check that each task has its own task "
+                        "index in TF_CONFIG (or --task_index)")
+      if (n, epochs) != (self.num_workers, self._input.num_epochs):
+        problems.append(
+            f"{name} was started with {n} workers and num_epochs={epochs}, {self.task_name} "
+            f"with {self.num_workers} and {self._input.num_epochs}: start every task with the "
+            "same cluster and --epochsync_num_epochs")
+      elif got_seq != wait.seq:
+        problems.append(
+            f"{name} arrived at barrier #{got_seq} while the chief waits at {wait.barrier} "
+            f"#{wait.seq} (epoch {wait.epoch}): the workers disagree on the epoch; check that "
+            "every task restarts from the same model_dir")
+      arrivals[name] = EpochStats(wait.epoch, int(batches), int(examples), float(started),
+                                  float(ended))
+    if problems:
+      if not release:  # The folded run has refused them already.
+        self._abort(session, _REFUSED)
+      message = f"{self.task_name} at {wait.barrier} of epoch {wait.epoch}: " + "; ".join(problems)
+      logging.error("%s", message)
+      raise ConfigError(message)
+    return arrivals, step
+
+  def _run_chief_actions(self, session, wait: "_Wait", arrivals) -> Dict[str, object]:
+    fields: Dict[str, object] = {}
+    if wait.barrier != "epoch_end":
+      return fields
+    try:
+      for action in self._chief_actions:
+        fields.update(action(session, wait.epoch, arrivals) or {})
+    except Exception:
+      self._abort(session)
+      raise
+    return fields
+
+  def _abort(self, session, code: int = _ABORT) -> None:
+    """Releases every waiting worker with an abort, so each fails now instead of timing out."""
+    try:
+      self._run(session, self._release, self._release_feed(code))
+    except tf.errors.OpError as e:  # Already failing: say so, keep the original error.
+      logging.error("%s could not release the workers with an abort: %s", self.task_name,
+                    e.message)
+
+  def _release_feed(self, value: int):
+    return {self._release_value: value, self._zero: 0}
+
+  def _arrive_and_wait_for_release(self, session, wait: "_Wait", stats: EpochStats) -> None:
+    """A worker: one run enqueues its arrival (never blocks) and dequeues its release."""
+    # The chief aborts at its own deadline at the latest; its abort needs a moment to arrive.
+    call = BackgroundRun(session, self._arrive_and_wait, wait.deadline + _ABORT_GRACE_SECS,
+                         feed_dict={self._seq: wait.seq,
+                                    self._stats: [stats.batches, stats.examples],
+                                    self._times: [stats.started_at, stats.ended_at]},
+                         name=f"epochsync-barrier-{wait.barrier}")
+    if not self._wait(session, call, wait):
+      self._fail(wait, self._missing(session, wait.seq))
+    got = self._result(call, wait)
+    if got == wait.seq:
+      return
+    if got == _REFUSED:
+      raise ConfigError(
+          f"{self.task_name}: {self.worker_names[0]} refused the tasks' settings at "
+          f"{wait.barrier} of epoch {wait.epoch} (two tasks with one index, or tasks started "
+          f"with different clusters or --epochsync_num_epochs): see {self.worker_names[0]}'s log")
+    if got == _ABORT:
+      if self._liveness:  # The chief may have given up because a task died: name it.
+        self._liveness.raise_if_any_died(wait.where)
+      self._fail(wait, self._missing(session, wait.seq), "the chief gave up: ")
+    raise EpochSyncError(f"{self.task_name} was released from barrier #{got} while waiting "
+                         f"at {wait.barrier} #{wait.seq} (epoch {wait.epoch}): the workers "
+                         "disagree on the epoch; check num_epochs and model_dir on every task")
+
+  def _wait(self, session, call: BackgroundRun, wait: "_Wait") -> bool:
+    """Waits for `call`, logging who is missing every log period; False at the deadline.
+
+    With a liveness monitor it also probes the tasks it waits for every second; a dead one
+    ends the wait with TaskDiedError (the chief first releases the others with an abort).
+    """
+    tick = self._log_every_secs
+    peers: List[str] = []
+    if self._liveness:
+      tick = min(tick, self._liveness.period_secs)
+      ps = [n for n in sorted(self._liveness.addresses) if n.startswith("ps:")]
+      peers = [n for n in self.worker_names if n != self.task_name] if self.is_chief else [
+          self.worker_names[0]]
+      peers = [n for n in peers + ps if n in self._liveness.addresses]
+    next_log = self._log_every_secs
+
+    def on_tick(waited: float) -> None:
+      nonlocal next_log
+      if peers and waited >= self._liveness.period_secs:
+        try:
+          self._liveness.check(peers, wait.where)
+        except TaskDiedError:
+          if self.is_chief:
+            self._abort(session)
+          raise
+      if waited >= next_log:
+        next_log = waited + self._log_every_secs
+        level = logging.WARNING if waited > self._warn_after_secs else logging.INFO
+        logging.log(level, "%s still waiting at %s, epoch %d, after %.0f s: %s", self.task_name,
+                    wait.barrier, wait.epoch, waited, self._who(self._missing(session, wait.seq)))
+    return call.wait_until_deadline(tick, on_tick)
+
+  def _result(self, call: BackgroundRun, wait: "_Wait"):
+    """The call's value; a lost session (UNAVAILABLE, ABORTED) becomes an error of ours."""
+    try:
+      return call.result()
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+      raise explain_lost_session(e, self._liveness, self.task_name, wait.where) from e
+
+  def _missing(self, session, seq) -> Optional[List[str]]:
+    """The tasks that have not arrived at barrier `seq`, or None if the ps did not answer."""
+    try:
+      arrived = session.run(self._arrived, options=run_options(_READ_TIMEOUT_SECS))
+    except tf.errors.OpError as e:
+      logging.warning("%s could not read who arrived from the ps: %s", self.task_name,
+                      e.message)
+      return None
+    return [n for n, s in zip(self.worker_names, arrived) if s < seq]
+
+  def _who(self, missing: Optional[List[str]]) -> str:
+    if missing is None:
+      return "the ps did not say who arrived (check the ps tasks' logs)"
+    return (f"{self.num_workers - len(missing)}/{self.num_workers} arrived; "
+            + (f"missing {', '.join(missing)}" if missing else
+               f"waiting for {self.worker_names[0]} to release them"))
+
+  def _fail(self, wait: "_Wait", missing: Optional[List[str]], why: str = ""):
+    flag = ("--epochsync_startup_timeout_secs" if wait.barrier == "start"
+            else "--epochsync_barrier_timeout_secs")
+    if missing:
+      who = f"{self._who(missing)} (check their logs or raise {flag})"
+    elif missing is None:
+      who = self._who(missing)
+    else:
+      who = (f"{self.num_workers}/{self.num_workers} arrived; {self.worker_names[0]} did not "
+             "release them (check its log)")
+    message = (f'barrier "{wait.barrier}" timed out after {time.monotonic() - wait.start:.0f} s '
+               f"(limit {wait.timeout:g} s) in epoch {wait.epoch} on {self.task_name}: {why}{who}")
+    logging.error(message)
+    raise BarrierTimeoutError(message, missing or ())
+
+  def _run(self, session, fetches, feed_dict):
+    """A run that cannot block (an enqueue into an unbounded queue, a variable update)."""
+    return session.run(fetches, feed_dict, options=run_options(_RPC_TIMEOUT_SECS))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wait:
+  """One task's wait at one barrier: which, and its deadline on the monotonic clock."""
+  barrier: str
+  seq: int
+  epoch: int
+  start: float
+  timeout: float
+
+  @property
+  def deadline(self) -> float:
+    return self.start + self.timeout
+
+  @property
+  def where(self) -> str:
+    return f'at barrier "{self.barrier}" in epoch {self.epoch}'

@@ -1,0 +1,118 @@
+"""Builds the right set of epoch-sync hooks for this task from its config and settings.
+
+Typical usage:
+  epoch_input = EpochInput(shard, num_epochs=settings.num_epochs, task_name=config.task_name)
+  train_op = build(epoch_input.get_next())
+  hooks = epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir)
+  with tf.compat.v1.train.MonitoredSession(
+      session_creator=session_creator(config, server.target, checkpoint_dir=model_dir),
+      hooks=hooks) as sess:
+    while not sess.should_stop(): sess.run(train_op)
+"""
+
+from typing import List, Optional, Sequence
+
+import tensorflow as tf
+
+from hooks.data import determinism
+from hooks.faults import liveness
+from hooks.epoch.barrier import EpochBarrierHook
+from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
+from hooks.config.cluster import ClusterConfig
+from hooks.sync.aggregation_group import AggregationGroup
+from hooks.sync.done_counter import WorkerDoneHook
+from hooks.data.epoch_input import EpochInput
+from hooks.epoch.summaries import EpochSummaryHook
+from hooks.checkpoint.mid_epoch import MidEpochSaveHook
+from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
+from hooks.checkpoint.mid_epoch_resume import MidEpochResume
+from hooks.epoch.progress import EpochProgressHook
+from hooks.faults.recovery_guard import RecoveryGuardHook
+from hooks.epoch.run_start import RunStartHook
+from hooks.config.settings import EpochSyncSettings
+
+__all__ = ["epoch_sync_hooks"]
+
+
+def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
+                     settings: Optional[EpochSyncSettings] = None,
+                     model_dir: Optional[str] = None,
+                     listeners: Sequence[tf.compat.v1.train.CheckpointSaverListener] = (),
+                     sync_hook: Optional[tf.compat.v1.train.SessionRunHook] = None,
+                     summary_dir: Optional[str] = None, save_graph_def: bool = True
+                     ) -> List[tf.compat.v1.train.SessionRunHook]:
+  """The hooks of one training task, in the order they must run.
+
+  The chief also gets the per-epoch save, the mid-epoch saves (`settings.save_checkpoint_secs`
+  or `_steps`, hooks.checkpoint.mid_epoch; in synchronous mode only when `sync_hook` is given) and the per-epoch TensorBoard scalars (when `model_dir` is
+  set) and writes the audit; every task resumes a mid-epoch checkpoint's position
+  (`MidEpochResume`) and logs its progress (`EpochProgressHook`).
+  The barrier and `sync_hook` probe the tasks they wait for (`hooks.faults.liveness`), so a dead
+  task ends every wait within seconds with TaskDiedError, whatever the timeouts.
+  A RecoveryGuardHook goes first (with TensorFlow's own session creators it refuses a
+  re-created session and ends a task whose session recovery spins on a dead task), then on the
+  chief a MidEpochRestoreHook (with TensorFlow's own ChiefSessionCreator, which restores only
+  epoch checkpoints, it restores a newer mid-epoch one), then a RunStartHook (the chief cleans what an earlier run left on the ps tasks, the workers wait
+  for it), then `sync_hook` (the sync optimizer's `make_session_run_hook`), so
+  the chief's gradient aggregation runs before any epoch work; `epoch_input.hook` goes last.
+
+  Args:
+    config: this task's `ClusterConfig` (a chief or worker task).
+    epoch_input: the `EpochInput` the model reads from.
+    settings: `EpochSyncSettings` (timeouts); default: its defaults.
+    model_dir: `str`, checkpoints and the audit; None: neither.
+    listeners: `CheckpointSaverListener`s called around each epoch checkpoint.
+    sync_hook: the synchronous optimizer's session hook, if one is used; with several sync
+      optimizers, an `AggregationGroup` of their hooks (mid-epoch saves see all after a step).
+    summary_dir: `str`, where the chief's per-epoch scalars go (in `epochsync/`); default
+      model_dir.
+    save_graph_def: `bool`, the chief writes graph.pbtxt and a .meta file per checkpoint.
+
+  Raises:
+    ConfigError: if the config is not a training task's or a hook rejects its arguments.
+  """
+  settings = settings or EpochSyncSettings()
+  common = dict(num_workers=config.num_workers, worker_id=config.worker_id,
+                worker_names=config.worker_names)
+  monitor = liveness.monitor_for(config)
+  done = WorkerDoneHook(epoch_input, **common)
+  barrier = EpochBarrierHook(
+      epoch_input, **common, timeout_secs=settings.barrier_timeout_secs,
+      startup_timeout_secs=settings.startup_timeout_secs,
+      warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
+      audit_dir=model_dir, liveness=monitor)
+  if hasattr(sync_hook, "use_liveness"):
+    sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
+  start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
+                       task_name=config.task_name,
+                       startup_timeout_secs=settings.startup_timeout_secs)
+  # TensorFlow's session creation waits for the ps tasks, and a worker's for the chief too.
+  needed = [n for n in sorted(monitor.addresses) if n.startswith("ps:")]
+  needed += [] if config.is_chief else [config.worker_names[0]]
+  guard = RecoveryGuardHook(monitor, config.task_name, sorted(monitor.addresses),
+                            startup_timeout_secs=settings.startup_timeout_secs, needed=needed)
+  hooks: List[tf.compat.v1.train.SessionRunHook] = [guard]
+  if config.is_chief and model_dir:  # Before the run starts: the workers then read its state.
+    hooks.append(MidEpochRestoreHook(model_dir, config.num_workers))
+  hooks.append(start)
+  if isinstance(sync_hook, AggregationGroup):  # Several sync optimizers (e.g. wide & deep).
+    hooks += sync_hook.hooks
+  elif sync_hook:
+    hooks.append(sync_hook)
+  secs, steps = settings.save_checkpoint_secs, settings.save_checkpoint_steps
+  sync = sync_hook if hasattr(sync_hook, "on_aggregated") else None
+  # Synchronous training saves between two aggregations: only with the optimizer's hook here.
+  mid_epoch = bool(model_dir and (secs or steps) and (sync is not None or not settings.sync))
+  if mid_epoch:  # A resume skips by position: the order must be the same on a rerun.
+    determinism.warn_if_nondeterministic(epoch_input.dataset, config.task_name)
+  resume = MidEpochResume(epoch_input, **common, count_applied=mid_epoch and sync is None)
+  hooks += [done, barrier, resume]
+  if config.is_chief and model_dir:
+    hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
+                                           save_graph_def=save_graph_def))
+    if mid_epoch:  # Between two aggregations (sync), or after the chief's steps (async).
+      hooks.append(MidEpochSaveHook(epoch_input, barrier, model_dir, secs, steps, sync))
+  if config.is_chief and (summary_dir or model_dir):  # After the save: it reports its step.
+    hooks.append(EpochSummaryHook(barrier, summary_dir or model_dir))
+  hooks.append(EpochProgressHook(epoch_input, every_secs=settings.progress_secs))
+  return hooks + [epoch_input.hook]

@@ -1,0 +1,278 @@
+"""Synchronous SGD that aggregates each step over the workers still active in the epoch.
+
+Per step, with all queues on global_step's ps task (one marker queue, one token queue per worker):
+
+    worker i   marker (i, GRAD, local_step) | apply_grad(grads, local_step) -> token_q[i].dequeue
+    worker i   at the end of its shard (DONE_OPS):  marker (i, DONE, local_step)
+    chief      markers = dequeue_many(n); g = #GRAD; if g > 0: assert every marker's step ==
+               global_step, take_grad(g) of each variable, apply it as soon as it is taken,
+               global_step += 1, one token to each GRAD sender (hooks.sync.aggregation_graph); the next
+               n is g, or num_workers when g == 0 (the epoch is over): a ps variable
+
+Why dequeue_many(n) takes exactly one step's markers: each of the n active workers sends one
+marker per step; a worker sends its step s+1 marker only after its step-s token, which is
+enqueued only after all n step-s markers were dequeued; a DONE worker sends nothing more in the
+epoch, and the epoch barrier releases epoch e+1 only after every DONE of epoch e was enqueued
+(FIFO: they are dequeued first). A GRAD marker is sent at the start of the worker's step, in
+the same run as its gradients, so the chief knows g before the gradients arrive and takes each
+variable's g gradients the moment they are in (as stock's take_grad(N) does): the update
+overlaps the workers' backward passes. A gradient whose local_step != global_step (silently
+dropped by the accumulator) fails the assert, naming the markers, instead of hanging. A worker
+that dies between its marker and its gradient leaves take_grad waiting: the workers' step
+timeout (or liveness probe) names it, and the chief's failing session does not wait for that
+run (its thread is a daemon the coordinator does not join).
+
+With own_step_counter=True the steps are numbered by the optimizer's own `<name>/sync_step`
+variable instead of global_step, so several optimizers can share one step (each aggregates the same
+workers' gradients of that step) and global_step is left to whoever increments it (e.g. a canned
+Estimator head, which adds 1 per worker step after `minimize(loss)` without global_step).
+
+Typical usage:
+  opt = WorkerDoneSyncReplicasOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                                        num_workers=config.num_workers, worker_id=config.worker_id)
+  train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+  hooks = [opt.make_session_run_hook(config.is_chief, num_tokens=0)]  # + the epoch hooks
+"""
+
+import dataclasses
+from typing import Any, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from hooks import graph_keys
+from hooks.errors import ConfigError
+from hooks.sync.arguments import resolve_optimizer_arguments
+from hooks.sync.aggregation_graph import DONE, GRAD, STOP, aggregate_op, reset_op
+from hooks.sync.tokens import SafeSyncTokensHook
+
+__all__ = ["WorkerDoneSyncReplicasOptimizer", "DelegatingOptimizer", "SyncOps", "GRAD", "DONE",
+           "STOP", "ABORT_TOKEN"]
+
+_v1 = tf.compat.v1
+ABORT_TOKEN = -1  # A token no step has: it ends a step blocked on its token (the job is failing).
+_PROGRESS_DONE, _PROGRESS_ACTIVE = -1, -2  # progress[i]: step of i's last GRAD marker, or these.
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncOps:
+  """The graph pieces apply_gradients() built; SafeSyncTokensHook and tests use them."""
+  train_op: tf.Tensor              # Every worker, once per step: returns the new local_step.
+  done_op: tf.Operation            # Every worker, once per epoch after its last step (DONE_OPS).
+  refresh_local_step_op: tf.Operation  # Every worker, at every epoch start (EPOCH_START_OPS).
+  local_step_init_op: tf.Operation  # Every worker's SafeSyncTokensHook, at session creation.
+  chief_init_op: tf.Operation      # The chief, before aggregating (sets its local step too).
+  aggregate_op: tf.Tensor          # The chief, in a loop: #GRAD (0: epoch over, < 0: stopped).
+  stop_op: tf.Operation            # The chief: num_workers STOP markers end the loop cleanly.
+  close_markers_op: tf.Operation   # The chief: fails a blocked aggregation (error paths).
+  diagnostics: Tuple[tf.Tensor, tf.Tensor]  # (step, progress vector) for the watchdog.
+  completed_epochs: tf.Variable    # Epochs whose every DONE marker the chief has consumed.
+  step: tf.Variable                # Numbers the synchronous steps: global_step or own sync_step.
+  abort_step_op: Optional[tf.Operation] = None  # This task: an ABORT_TOKEN ends its blocked step.
+  count_epoch_op: Optional[tf.Tensor] = None  # The chief, after aggregate_op returned 0: the
+  # epochs completed, counted and read in one run (num_active reset to num_workers before).
+
+
+class DelegatingOptimizer(_v1.train.Optimizer):
+  """An Optimizer wrapping `self._opt`: gradients, slots and variables are the wrapped one's.
+
+  Subclasses set `self._opt` and change apply_gradients() (as SyncReplicasOptimizer does).
+  """
+
+  def compute_gradients(self, *args, **kwargs) -> List[Tuple[Any, tf.Variable]]:
+    """The wrapped optimizer's compute_gradients()."""
+    return self._opt.compute_gradients(*args, **kwargs)
+
+  def get_slot(self, *args, **kwargs):
+    return self._opt.get_slot(*args, **kwargs)
+
+  def get_slot_names(self, *args, **kwargs):
+    return self._opt.get_slot_names(*args, **kwargs)
+
+  def variables(self):
+    return self._opt.variables()
+
+
+class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
+  """A SyncReplicasOptimizer that never hangs on uneven shards: done workers leave the step.
+
+  Use it like tf.compat.v1.train.SyncReplicasOptimizer with between-graph replication, plus hooks
+  that run graph_keys.EPOCH_START_OPS at each epoch start and DONE_OPS when a shard is exhausted.
+  Stock's constructor arguments work too (renaming the class is the whole change); the worker id
+  and names then come from TF_CONFIG or the cluster flags (`hooks.config.flags.cluster_from_flags`).
+
+    opt = WorkerDoneSyncReplicasOptimizer(sgd, num_workers=3, worker_id=config.worker_id)
+    opt = WorkerDoneSyncReplicasOptimizer(sgd, replicas_to_aggregate=3, total_num_replicas=3)
+    train_op = opt.minimize(loss, global_step=global_step)
+    hook = opt.make_session_run_hook(config.is_chief, num_tokens=0, step_timeout_secs=600)
+
+  Dense gradients use ConditionalAccumulator, IndexedSlices use SparseConditionalAccumulator
+  (SUM, then divided here: a row absent from a worker's gradient counts as zero, unlike stock's
+  per-row MEAN). Shared state lives on the ps tasks under `shared_name`s starting with `name`.
+
+  Args:
+    opt: `tf.compat.v1.train.Optimizer` that applies the aggregated gradients.
+    num_workers: `int` training tasks (chief + workers), >= 1; default: total_num_replicas, else
+      the cluster's (TF_CONFIG or flags).
+    worker_id: `int` this task's index in [0, num_workers) (ClusterConfig.worker_id); default:
+      the cluster's (TF_CONFIG or flags).
+    divide_by_initial_workers: `bool` divide the summed gradients by num_workers instead of by
+      the number of workers that contributed to the step.
+    worker_names: `Sequence[str]` task names for messages (default: the cluster's when worker_id
+      comes from it, else "worker:0"...).
+    name: `str` prefix of the ops and of the shared queue / accumulator names; give every
+      optimizer of one model its own.
+    own_step_counter: `bool` number the steps with an own `<name>/sync_step` variable (on
+      global_step's ps task) instead of global_step: apply_gradients() then accepts
+      global_step=None and leaves global_step alone; a global_step it is given is incremented once
+      per synchronous step. For several optimizers in one train_op, or a model that increments
+      global_step itself.
+    replicas_to_aggregate: `int` stock's argument; must equal total_num_replicas (no backup
+      workers: every active worker's gradient is in every step).
+    total_num_replicas: `int` stock's argument, the same as num_workers.
+    variable_averages, variables_to_average: stock's; not supported (must be None).
+    use_locking: `bool` stock's; passed to tf.compat.v1.train.Optimizer.
+
+  Raises:
+    ConfigError: a bad argument (message names it, its value and the rule), or worker_id missing
+      and no cluster in TF_CONFIG or the flags.
+  """
+
+  def __init__(self, opt: _v1.train.Optimizer, num_workers: Optional[int] = None,
+               worker_id: Optional[int] = None, divide_by_initial_workers: bool = False,
+               worker_names: Optional[Sequence[str]] = None,
+               name: str = "worker_done_sync_replicas", own_step_counter: bool = False, *,
+               replicas_to_aggregate: Optional[int] = None,
+               total_num_replicas: Optional[int] = None, variable_averages: Any = None,
+               variables_to_average: Any = None, use_locking: bool = False):
+    num_workers, worker_id, names = resolve_optimizer_arguments(
+        opt, num_workers, worker_id, worker_names, replicas_to_aggregate, total_num_replicas,
+        variable_averages)
+    del variables_to_average  # Only meaningful with variable_averages, which is refused.
+    super().__init__(use_locking=bool(use_locking), name=name)
+    self._opt, self._num_workers, self._worker_id = opt, num_workers, worker_id
+    self._divide_by_initial = bool(divide_by_initial_workers)
+    self._own_step_counter = bool(own_step_counter)
+    self.worker_names = names
+    self.sync_ops: Optional[SyncOps] = None
+
+  num_workers = property(lambda self: self._num_workers)
+  worker_id = property(lambda self: self._worker_id)
+
+  def make_session_run_hook(self, is_chief: bool, num_tokens: int = 0,
+                            **kwargs) -> SafeSyncTokensHook:
+    """A SafeSyncTokensHook (kwargs: step_timeout_secs, warn_after_secs, log_every_secs)."""
+    return SafeSyncTokensHook(self, is_chief, num_tokens=num_tokens, **kwargs)
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None) -> tf.Tensor:
+    """Builds the worker step, the DONE marker and the chief's aggregation; returns train_op.
+
+    Raises:
+      ConfigError: no gradients, no global_step (without own_step_counter), or called twice.
+    """
+    grads_and_vars = [(g, v) for g, v in grads_and_vars]
+    if not any(g is not None for g, _ in grads_and_vars):
+      raise ConfigError("apply_gradients got no gradients: pass the output of compute_gradients()")
+    if global_step is None and not self._own_step_counter:
+      raise ConfigError("global_step=None: pass tf.compat.v1.train.get_or_create_global_step(), "
+                        "it checks staleness and numbers the tokens (or construct the optimizer "
+                        "with own_step_counter=True if something else increments global_step)")
+    if self.sync_ops is not None:
+      raise ConfigError("apply_gradients() was already called: build one train_op per optimizer")
+    # `step` numbers the synchronous steps: staleness, tokens, local steps all refer to it.
+    step = self._own_step(global_step) if self._own_step_counter else global_step
+    extra_step = global_step if step is not global_step else None  # Also += 1 per step.
+    n_workers, wid, dev = self._num_workers, self._worker_id, step.device
+    gs_dtype = step.dtype.base_dtype
+    local_anchor = tf.no_op(name=f"{self._name}_local_anchor")
+    with _v1.get_default_graph().colocate_with(local_anchor):  # Keeps it off the ps tasks.
+      # In no collection: no initializer sets it, only SafeSyncTokensHook (local_step_init_op).
+      # Without the hook no task aggregates, so a step fails at once on reading it ("Attempting
+      # to use uninitialized value ..._local_step_set_by_SafeSyncTokensHook") instead of waiting
+      # for its token forever, and without an op of its own in the step.
+      local_step = _v1.Variable(0, trainable=False, dtype=gs_dtype, collections=[],
+                                name=f"{self._name}_local_step_set_by_SafeSyncTokensHook")
+    with _v1.name_scope(self._name + "/"), tf.device(dev):  # absolute, also in a head's scope
+      markers = tf.queue.FIFOQueue(-1, [tf.int32, tf.int32, tf.int64], shapes=[(), (), ()],
+                                   name="marker_q", shared_name=f"{self._name}/marker_q")
+      tokens = [tf.queue.FIFOQueue(-1, gs_dtype, shapes=[()], name=f"token_q_{i}",
+                                   shared_name=f"{self._name}/token_q_{i}")
+                for i in range(n_workers)]
+      progress = _v1.Variable(tf.fill([n_workers], tf.constant(_PROGRESS_ACTIVE, tf.int64)),
+                              trainable=False, name="progress")
+      completed_epochs = _v1.Variable(0, trainable=False, dtype=tf.int64, name="completed_epochs")
+      # How many markers the next aggregation dequeues: a ps variable, not a feed (bench.run_cost);
+      # not saved; each step sets its g, chief_init_op and count_epoch_op num_workers.
+      num_active = _v1.Variable(n_workers, trainable=False, dtype=tf.int32, collections=[],
+                                use_resource=False, name="num_active")  # Read without an op.
+
+    applies, accums = [], []
+    with tf.name_scope(self._name):
+      for grad, var in grads_and_vars:
+        if grad is None:
+          continue
+        # An IndexedSlices goes as computed (repeated, unsorted ids, as stock's): the SUM
+        # accumulator's merge keeps every row's sum and apply_gradients sums repeated ids.
+        with tf.device(var.device):
+          shared = f"{var.name}/{self._name}/grad_accum"
+          if isinstance(grad, tf.IndexedSlices):
+            accum = _v1.SparseConditionalAccumulator(grad.dtype, var.shape, shared_name=shared,
+                                                     reduction_type="SUM")
+            applies.append(accum.apply_indexed_slices_grad(grad, local_step))
+          else:  # MEAN divides in place in take_grad, as stock does; SUM when scaled by 1/N.
+            accum = _v1.ConditionalAccumulator(
+                grad.dtype, var.shape, shared_name=shared,
+                reduction_type="SUM" if self._divide_by_initial else "MEAN")
+            applies.append(accum.apply_grad(grad, local_step))
+        accums.append((accum, var))
+
+      # The GRAD marker does not wait for the gradients: the chief's take_grad(g) waits for each
+      # variable's, so it applies every variable as soon as its g gradients are in, as stock does.
+      # progress (read by the watchdog's messages only) says the gradients were sent.
+      with tf.device(dev):
+        worker = tf.constant(wid, name="worker_id")  # The marker's id and progress' index.
+        sent_step = tf.cast(local_step, tf.int64)  # ps:0 receives it once per step.
+        grad_marked = markers.enqueue((worker, GRAD, sent_step))
+        with tf.control_dependencies(applies):
+          sent = _v1.scatter_update(progress, worker, sent_step)
+      with tf.control_dependencies([grad_marked, sent]), tf.device(dev):
+        token = tokens[wid].dequeue()
+      train_op = local_step.assign(token, name=name or "train_op")
+      local_step_init = local_step.assign(step)
+      hook_started = tf.group(local_step_init, name="hook_started")
+      with tf.device(dev):
+        done_op = tf.group(markers.enqueue((wid, DONE, tf.cast(local_step, tf.int64))),
+                           _v1.scatter_update(progress, [wid],
+                                              [tf.constant(_PROGRESS_DONE, tf.int64)]), name="done")
+        active = _v1.scatter_update(progress, [wid], [tf.constant(_PROGRESS_ACTIVE, tf.int64)])
+      refresh = tf.group(local_step_init, active, name="refresh_local_step")
+      chief_init = tf.group([local_step_init, num_active.initializer] +
+                            [a.set_global_step(step) for a, _ in accums])
+      aggregate = aggregate_op(self._opt, n_workers, self._divide_by_initial, num_active,
+                               markers, tokens, accums, step, extra_step)
+      with tf.device(dev):
+        stop = markers.enqueue_many((tf.fill([n_workers], wid), tf.fill([n_workers], STOP),
+                                     tf.zeros([n_workers], tf.int64)))
+        close = markers.close(cancel_pending_enqueues=False)
+        with tf.control_dependencies([num_active.initializer]):  # One run counts and reads.
+          count_epoch = tf.identity(completed_epochs.assign_add(1, use_locking=True),
+                                    name="count_epoch")
+        diagnostics = (tf.identity(step), progress.read_value())
+        abort_step = tokens[wid].enqueue(tf.constant(ABORT_TOKEN, gs_dtype))
+      reset = reset_op(markers, tokens, accums, progress, _PROGRESS_ACTIVE)
+    _v1.add_to_collection(graph_keys.DONE_OPS, done_op)
+    _v1.add_to_collection(graph_keys.RESET_OPS, reset)
+    for var in [progress, completed_epochs] + ([step] if step is not global_step else []):
+      _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)
+    _v1.add_to_collection(graph_keys.EPOCH_START_OPS, refresh)
+    _v1.add_to_collection(graph_keys.SYNC_TRAIN_OPS, train_op)
+    self.sync_ops = SyncOps(train_op, done_op, refresh, hook_started, chief_init, aggregate,
+                            stop, close, diagnostics, completed_epochs, step, abort_step,
+                            count_epoch)
+    return train_op
+
+  def _own_step(self, global_step):
+    """`<name>/sync_step` beside global_step (given or the graph's), else where the scope says."""
+    anchor = global_step if global_step is not None else _v1.train.get_global_step()
+    # An absolute scope: `<name>/sync_step` wherever minimize() is called (e.g. in a head's scope).
+    with _v1.name_scope(self._name + "/"), tf.device(anchor.device if anchor is not None else ""):
+      return _v1.Variable(0, trainable=False, dtype=tf.int64, name="sync_step")
