@@ -8,102 +8,25 @@ import dataclasses
 import json
 import os
 import types
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Tuple, Union
 
 from absl import flags as absl_flags
 
 from hooks import log as logging
+from hooks.config.cluster_checks import (CHIEF as _CHIEF, EVALUATOR as _EVALUATOR,
+                                         JOBS as _JOBS, MASTER as _MASTER, PS as _PS,
+                                         WHERE as _WHERE, WORKER as _WORKER,
+                                         cluster_problems as _cluster_problems,
+                                         task_problems as _task_problems,
+                                         worker_problems)
 from hooks.errors import raise_if_problems
 
 __all__ = ["ClusterConfig", "resolve", "worker_problems"]
 
 _TF_CONFIG_ENV = "TF_CONFIG"
 _CLUSTER_KEY, _TASK_KEY, _TYPE_KEY, _INDEX_KEY = "cluster", "task", "type", "index"
-_CHIEF, _WORKER, _PS, _EVALUATOR, _MASTER = "chief", "worker", "ps", "evaluator", "master"
-_JOBS = (_CHIEF, _WORKER, _PS, _EVALUATOR)  # Canonical order; a "master" job becomes "chief".
 _CLUSTER_FLAGS = ("job_name", "task_index", "ps_hosts", "worker_hosts", "chief_hosts",
                   "evaluator_hosts")
-# Where a value came from, so that each message points at the exact key or flag to fix.
-_WHERE = {
-    "TF_CONFIG": dict(cluster='TF_CONFIG["cluster"]', job='TF_CONFIG["cluster"]["{}"]',
-                      type='TF_CONFIG["task"]["type"]', index='TF_CONFIG["task"]["index"]'),
-    "flags": dict(cluster="the --*_hosts flags", job="--{}_hosts", type="--job_name",
-                  index="--task_index"),
-    "arguments": dict(cluster="cluster", job='cluster["{}"]', type="task_type",
-                      index="task_index"),
-}
-
-
-def _is_address(addr: Any) -> bool:
-  host, sep, port = addr.rpartition(":") if isinstance(addr, str) else ("", "", "")
-  return bool(sep and host and host.strip() == host and port.isdigit() and 0 < int(port) < 65536)
-
-
-def _cluster_problems(cluster: Any, w: Mapping[str, str]
-                      ) -> Tuple[List[str], Optional[Dict[str, Tuple[str, ...]]]]:
-  """The problems of a job -> addresses mapping, and its well-formed jobs (None: not a mapping)."""
-  job, out, jobs = w["job"].format, [], {}
-  if not isinstance(cluster, Mapping):
-    return [f'{w["cluster"]}={cluster!r} is not a mapping; write {{"ps": ["host:port"], ...}}'
-            ], None
-  for name, addrs in cluster.items():
-    if name not in _JOBS + (_MASTER,):
-      out.append(f"{w['cluster']} has unknown job {name!r}; use only {', '.join(_JOBS)}")
-    elif isinstance(addrs, str) or not isinstance(addrs, (list, tuple)):
-      out.append(f'{job(name)}={addrs!r} is not a list; write ["host:port", ...]')
-    else:
-      jobs[name] = tuple(addrs)
-  if _CHIEF in jobs and _MASTER in jobs:
-    out.append(f'{w["cluster"]} has both a "chief" and a "master" job; keep only "chief"')
-  seen = {}
-  for name, addrs in jobs.items():
-    for i, addr in enumerate(addrs):
-      if not _is_address(addr):
-        out.append(f"{job(name)}[{i}]={addr!r} is not host:port with an integer port; "
-                   'write it like "localhost:2222"')
-      elif addr in seen:
-        out.append(f"address {addr!r} is used by both {seen[addr]} and {name}:{i} in "
-                   f"{w['cluster']}; give every task its own host:port")
-      else:
-        seen[addr] = f"{name}:{i}"
-    if name in (_CHIEF, _MASTER, _EVALUATOR) and len(addrs) > 1:
-      rest = "" if name == _EVALUATOR else ' and list the others under "worker"'
-      out.append(f"{job(name)} has {len(addrs)} addresses {list(addrs)}; at most one {name} "
-                 f"is supported: keep one{rest}")
-  not_lists = set(cluster) - set(jobs)  # Already reported above.
-  if not jobs.get(_PS) and _PS not in not_lists:
-    out.append(f"no ps task: {job(_PS)} is missing or empty; tf-epochsync is for parameter-"
-               'server training: add a ps job with at least one "host:port"')
-  if not any(jobs.get(j) for j in (_CHIEF, _MASTER, _WORKER)) and not not_lists & {_WORKER}:
-    out.append(f"no training task: {job(_CHIEF)} and {job(_WORKER)} are missing or empty; "
-               "add at least one worker (or a chief)")
-  return out, jobs
-
-
-def _task_problems(jobs: Optional[Mapping[str, Tuple[str, ...]]], task_type: Any,
-                   task_index: Any, w: Mapping[str, str]) -> List[str]:
-  """The problems of (task_type, task_index); jobs=None skips the range check."""
-  canon = _CHIEF if task_type == _MASTER else task_type
-  if task_type is None:
-    return [f"{w['type']} is not set; set it to one of {', '.join(_JOBS)}"]
-  if canon not in _JOBS:
-    return [f"{w['type']}={task_type!r} is not a known task type; use one of "
-            f"{', '.join(_JOBS)} (or master)"]
-  if task_index is None:
-    return [f"{w['index']} is not set; set it to this task's index in its job (0 for the first)"]
-  if not isinstance(task_index, int) or isinstance(task_index, bool):
-    return [f"{w['index']}={task_index!r} is not an integer; set it to the task's index in its job"]
-  if task_index < 0:
-    return [f"{w['index']}={task_index} is negative; task indices start at 0"]
-  if jobs is None:
-    return []
-  n = len(jobs.get(canon) or (jobs.get(_MASTER, ()) if canon == _CHIEF else ()))
-  if canon == _EVALUATOR and n == 0 and task_index == 0:
-    return []  # Kubeflow and Estimator leave the evaluator out of its own cluster: allowed.
-  if task_index >= n:
-    return [f"{w['index']}={task_index} is out of range: job {canon!r} has {n} task(s) in "
-            f"{w['cluster']}; use an index below {n} or add addresses to {w['job'].format(canon)}"]
-  return []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,24 +243,3 @@ def _log_once(config: "ClusterConfig") -> None:
   if line not in _logged:
     _logged.add(line)
     logging.info("%s", line)
-
-
-def worker_problems(num_workers: Any, worker_id: Any,
-                    worker_names: Optional[Sequence[str]] = None) -> List[str]:
-  """What is wrong with the (num_workers, worker_id, worker_names) a hook was given, if anything.
-
-  Every hook and the sync optimizer validate these three the same way, with the same words:
-
-      problems = worker_problems(3, config.worker_id, config.worker_names)  # [] when valid
-  """
-  if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-    return [f"num_workers={num_workers!r} must be an integer >= 1 (pass ClusterConfig.num_workers)"]
-  problems = []
-  if not isinstance(worker_id, int) or isinstance(worker_id, bool) or not (
-      0 <= worker_id < num_workers):
-    problems.append(f"worker_id={worker_id!r} is out of range: it must be in [0, {num_workers}) "
-                    "(pass ClusterConfig.worker_id)")
-  if worker_names is not None and len(worker_names) != num_workers:
-    problems.append(f"worker_names has {len(worker_names)} names but num_workers={num_workers} "
-                    "(pass ClusterConfig.worker_names)")
-  return problems
