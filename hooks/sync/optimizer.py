@@ -42,6 +42,7 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks.errors import ConfigError
 from hooks.sync.arguments import resolve_optimizer_arguments
+from hooks.sync import step_graph
 from hooks.sync.aggregation_graph import DONE, GRAD, STOP, aggregate_op, reset_op
 from hooks.sync.tokens import SafeSyncTokensHook
 
@@ -49,8 +50,7 @@ __all__ = ["WorkerDoneSyncReplicasOptimizer", "DelegatingOptimizer", "SyncOps", 
            "STOP", "ABORT_TOKEN"]
 
 _v1 = tf.compat.v1
-ABORT_TOKEN = -1  # A token no step has: it ends a step blocked on its token (the job is failing).
-_PROGRESS_DONE, _PROGRESS_ACTIVE = -1, -2  # progress[i]: step of i's last GRAD marker, or these.
+ABORT_TOKEN = step_graph.ABORT_TOKEN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,87 +181,26 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     # `step` numbers the synchronous steps: staleness, tokens, local steps all refer to it.
     step = self._own_step(global_step) if self._own_step_counter else global_step
     extra_step = global_step if step is not global_step else None  # Also += 1 per step.
-    n_workers, wid, dev = self._num_workers, self._worker_id, step.device
-    gs_dtype = step.dtype.base_dtype
-    local_anchor = tf.no_op(name=f"{self._name}_local_anchor")
-    with _v1.get_default_graph().colocate_with(local_anchor):  # Keeps it off the ps tasks.
-      # In no collection: no initializer sets it, only SafeSyncTokensHook (local_step_init_op).
-      # Without the hook no task aggregates, so a step fails at once on reading it ("Attempting
-      # to use uninitialized value ..._local_step_set_by_SafeSyncTokensHook") instead of waiting
-      # for its token forever, and without an op of its own in the step.
-      local_step = _v1.Variable(0, trainable=False, dtype=gs_dtype, collections=[],
-                                name=f"{self._name}_local_step_set_by_SafeSyncTokensHook")
-    with _v1.name_scope(self._name + "/"), tf.device(dev):  # absolute, also in a head's scope
-      markers = tf.queue.FIFOQueue(-1, [tf.int32, tf.int32, tf.int64], shapes=[(), (), ()],
-                                   name="marker_q", shared_name=f"{self._name}/marker_q")
-      tokens = [tf.queue.FIFOQueue(-1, gs_dtype, shapes=[()], name=f"token_q_{i}",
-                                   shared_name=f"{self._name}/token_q_{i}")
-                for i in range(n_workers)]
-      progress = _v1.Variable(tf.fill([n_workers], tf.constant(_PROGRESS_ACTIVE, tf.int64)),
-                              trainable=False, name="progress")
-      completed_epochs = _v1.Variable(0, trainable=False, dtype=tf.int64, name="completed_epochs")
-      # How many markers the next aggregation dequeues: a ps variable, not a feed (bench.run_cost);
-      # not saved; each step sets its g, chief_init_op and count_epoch_op num_workers.
-      num_active = _v1.Variable(n_workers, trainable=False, dtype=tf.int32, collections=[],
-                                use_resource=False, name="num_active")  # Read without an op.
-
-    applies, accums = [], []
+    n_workers, wid = self._num_workers, self._worker_id
+    local_step = step_graph.local_step(self._name, step.dtype.base_dtype)
+    state = step_graph.ps_state(self._name, n_workers, step)
     with tf.name_scope(self._name):
-      for grad, var in grads_and_vars:
-        if grad is None:
-          continue
-        # An IndexedSlices goes as computed (repeated, unsorted ids, as stock's): the SUM
-        # accumulator's merge keeps every row's sum and apply_gradients sums repeated ids.
-        with tf.device(var.device):
-          shared = f"{var.name}/{self._name}/grad_accum"
-          if isinstance(grad, tf.IndexedSlices):
-            accum = _v1.SparseConditionalAccumulator(grad.dtype, var.shape, shared_name=shared,
-                                                     reduction_type="SUM")
-            applies.append(accum.apply_indexed_slices_grad(grad, local_step))
-          else:  # MEAN divides in place in take_grad, as stock does; SUM when scaled by 1/N.
-            accum = _v1.ConditionalAccumulator(
-                grad.dtype, var.shape, shared_name=shared,
-                reduction_type="SUM" if self._divide_by_initial else "MEAN")
-            applies.append(accum.apply_grad(grad, local_step))
-        accums.append((accum, var))
-
-      # The GRAD marker does not wait for the gradients: the chief's take_grad(g) waits for each
-      # variable's, so it applies every variable as soon as its g gradients are in, as stock does.
-      # progress (read by the watchdog's messages only) says the gradients were sent.
-      with tf.device(dev):
-        worker = tf.constant(wid, name="worker_id")  # The marker's id and progress' index.
-        sent_step = tf.cast(local_step, tf.int64)  # ps:0 receives it once per step.
-        grad_marked = markers.enqueue((worker, GRAD, sent_step))
-        with tf.control_dependencies(applies):
-          sent = _v1.scatter_update(progress, worker, sent_step)
-      with tf.control_dependencies([grad_marked, sent]), tf.device(dev):
-        token = tokens[wid].dequeue()
-      train_op = local_step.assign(token, name=name or "train_op")
-      local_step_init = local_step.assign(step)
-      hook_started = tf.group(local_step_init, name="hook_started")
-      with tf.device(dev):
-        done_op = tf.group(markers.enqueue((wid, DONE, tf.cast(local_step, tf.int64))),
-                           _v1.scatter_update(progress, [wid],
-                                              [tf.constant(_PROGRESS_DONE, tf.int64)]), name="done")
-        active = _v1.scatter_update(progress, [wid], [tf.constant(_PROGRESS_ACTIVE, tf.int64)])
-      refresh = tf.group(local_step_init, active, name="refresh_local_step")
-      chief_init = tf.group([local_step_init, num_active.initializer] +
+      applies, accums = step_graph.accumulate(grads_and_vars, self._name, self._divide_by_initial,
+                                              local_step)
+      worker = step_graph.worker_ops(state, wid, step, local_step, applies, name)
+      train_op, done_op, refresh, hook_started = (worker.train_op, worker.done_op,
+                                                  worker.refresh, worker.hook_started)
+      chief_init = tf.group([worker.local_step_init, state.num_active.initializer] +
                             [a.set_global_step(step) for a, _ in accums])
-      aggregate = aggregate_op(self._opt, n_workers, self._divide_by_initial, num_active,
-                               markers, tokens, accums, step, extra_step)
-      with tf.device(dev):
-        stop = markers.enqueue_many((tf.fill([n_workers], wid), tf.fill([n_workers], STOP),
-                                     tf.zeros([n_workers], tf.int64)))
-        close = markers.close(cancel_pending_enqueues=False)
-        with tf.control_dependencies([num_active.initializer]):  # One run counts and reads.
-          count_epoch = tf.identity(completed_epochs.assign_add(1, use_locking=True),
-                                    name="count_epoch")
-        diagnostics = (tf.identity(step), progress.read_value())
-        abort_step = tokens[wid].enqueue(tf.constant(ABORT_TOKEN, gs_dtype))
-      reset = reset_op(markers, tokens, accums, progress, _PROGRESS_ACTIVE)
+      aggregate = aggregate_op(self._opt, n_workers, self._divide_by_initial, state.num_active,
+                               state.markers, state.tokens, accums, step, extra_step)
+      stop, close, count_epoch, diagnostics, abort_step = step_graph.control_ops(state, wid, step)
+      reset = reset_op(state.markers, state.tokens, accums, state.progress,
+                       step_graph.PROGRESS_ACTIVE)
+    completed_epochs = state.completed_epochs
     _v1.add_to_collection(graph_keys.DONE_OPS, done_op)
     _v1.add_to_collection(graph_keys.RESET_OPS, reset)
-    for var in [progress, completed_epochs] + ([step] if step is not global_step else []):
+    for var in [state.progress, completed_epochs] + ([step] if step is not global_step else []):
       _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)
     _v1.add_to_collection(graph_keys.EPOCH_START_OPS, refresh)
     _v1.add_to_collection(graph_keys.SYNC_TRAIN_OPS, train_op)
