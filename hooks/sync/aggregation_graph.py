@@ -56,20 +56,8 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
         "worker must run graph_keys.EPOCH_START_OPS at each epoch start. The step's markers "
         "(worker ids; kinds, 1 = GRAD, 0 = DONE; local_steps), then the step:", ids, kinds,
         steps_on, step_now], summarize=64)
-  divisor = num_workers if divide_by_initial else g_on
-  taken = []
   with tf.control_dependencies([check]):
-    for accum, var in accums:
-      # Each variable is taken (and applied) as soon as its g gradients are in.
-      with tf.device(var.device):
-        if isinstance(accum, _v1.SparseConditionalAccumulator):
-          s = accum.take_indexed_slices_grad(g_on)
-          values = tf.math.truediv(s.values, tf.cast(divisor, accum.dtype))  # 2 ops, not 3
-          taken.append((tf.IndexedSlices(values, s.indices, s.dense_shape), var))
-        elif divide_by_initial:  # A SUM accumulator.
-          taken.append((accum.take_grad(g_on) * (1.0 / num_workers), var))
-        else:  # A MEAN accumulator: already divided by g.
-          taken.append((accum.take_grad(g_on), var))
+    taken = _mean_gradients(accums, g_on, num_workers, divide_by_initial)
   with tf.device(step.device):
     update = opt.apply_gradients(taken, step)
     if extra_step is not None:  # Dead (skipped) with `update` when no gradient came.
@@ -83,6 +71,24 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
     # A Merge waits for its control inputs, dead (skipped) or not, and is not killed by them.
     with tf.control_dependencies(enqueued + [next_active]):
       return tf.raw_ops.Merge(inputs=[g_off, g_on]).output
+
+
+def _mean_gradients(accums: List[Tuple], g_on: tf.Tensor, num_workers: int,
+                    divide_by_initial: bool) -> List[Tuple]:
+  """[(the mean of the step's g gradients, variable)], each taken as soon as its g are in."""
+  divisor = num_workers if divide_by_initial else g_on
+  taken = []
+  for accum, var in accums:
+    with tf.device(var.device):
+      if isinstance(accum, _v1.SparseConditionalAccumulator):
+        s = accum.take_indexed_slices_grad(g_on)
+        values = tf.math.truediv(s.values, tf.cast(divisor, accum.dtype))  # 2 ops, not 3
+        taken.append((tf.IndexedSlices(values, s.indices, s.dense_shape), var))
+      elif divide_by_initial:  # A SUM accumulator.
+        taken.append((accum.take_grad(g_on) * (1.0 / num_workers), var))
+      else:  # A MEAN accumulator: already divided by g.
+        taken.append((accum.take_grad(g_on), var))
+  return taken
 
 
 def reset_op(markers, tokens: Sequence, accums: List[Tuple], progress: tf.Variable,
