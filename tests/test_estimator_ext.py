@@ -385,19 +385,19 @@ class TestTrainingHooks:
                                                                 task_type):
     """The chief's reset of the ps-side accumulators must not follow the sync hook's chief init:
     it advances their step, and the first step's gradients were dropped (the job hung)."""
-    from estimator_ext import training
+    from estimator_ext import task_hooks, training_graph
     set_tf_config(monkeypatch, task_type)  # Builds the graph and hooks only: no server.
     config = estimator_ext.EpochSyncRunConfig(str(tmp_path), save_checkpoints_steps=7)
     estimator = v1.estimator.Estimator(_sync_model_fn, config=config)
     train_spec = tf.estimator.TrainSpec(_input_fn())
     given = []
-    real_epoch_sync_hooks = training.epoch_sync_hooks
-    monkeypatch.setattr(training, "epoch_sync_hooks", lambda *args, **kwargs: (
+    real_epoch_sync_hooks = task_hooks.epoch_sync_hooks
+    monkeypatch.setattr(task_hooks, "epoch_sync_hooks", lambda *args, **kwargs: (
         given.append((args, kwargs)) or real_epoch_sync_hooks(*args, **kwargs)))
     with tf.Graph().as_default() as g, g.device(estimator._device_fn):
-      epoch_input, spec, sync_opts = training._build_graph(estimator, train_spec, config, g,
+      epoch_input, spec, sync_opts = training_graph.build_graph(estimator, train_spec, config, g,
                                                            sync=True)
-      hooks, _, _ = training._session_hooks(estimator, train_spec,
+      hooks, _, _ = task_hooks.session_hooks(estimator, train_spec,
                                             tf.estimator.EvalSpec(_input_fn()), config,
                                             epoch_input, spec, sync_opts)
     kinds = [type(h).__name__ for h in hooks]
@@ -422,7 +422,7 @@ class TestTrainingHooks:
                                                                  tf_random_seed, flagged):
     """What hooks.data.determinism's warning tells Estimator users: RunConfig(tf_random_seed=N)
     makes an input_fn's unseeded shuffle repeat its order on a rerun."""
-    from estimator_ext import training
+    from estimator_ext import training_graph
     from hooks.data import determinism
     built = []
 
@@ -434,7 +434,7 @@ class TestTrainingHooks:
     config = estimator_ext.EpochSyncRunConfig(str(tmp_path), tf_random_seed=tf_random_seed)
     estimator = v1.estimator.Estimator(_model_fn, config=config)
     with tf.Graph().as_default() as g:
-      training._build_graph(estimator, tf.estimator.TrainSpec(input_fn), config, g, sync=False)
+      training_graph.build_graph(estimator, tf.estimator.TrainSpec(input_fn), config, g, sync=False)
       assert len(determinism.nondeterministic_stages(built[-1])) == flagged
 
 

@@ -44,17 +44,19 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   """The hooks of one training task, in the order they must run.
 
   The chief also gets the per-epoch save, the mid-epoch saves (`settings.save_checkpoint_secs`
-  or `_steps`, hooks.checkpoint.mid_epoch; in synchronous mode only when `sync_hook` is given) and the per-epoch TensorBoard scalars (when `model_dir` is
-  set) and writes the audit; every task resumes a mid-epoch checkpoint's position
-  (`MidEpochResume`) and logs its progress (`EpochProgressHook`).
-  The barrier and `sync_hook` probe the tasks they wait for (`hooks.faults.liveness`), so a dead
-  task ends every wait within seconds with TaskDiedError, whatever the timeouts.
+  or `_steps`, hooks.checkpoint.mid_epoch; in synchronous mode only when `sync_hook` is given)
+  and the per-epoch TensorBoard scalars (when `model_dir` is set) and writes the audit; every
+  task resumes a mid-epoch checkpoint's position (`MidEpochResume`) and logs its progress
+  (`EpochProgressHook`). The barrier and `sync_hook` probe the tasks they wait for
+  (`hooks.faults.liveness`), so a dead task ends every wait within seconds with TaskDiedError,
+  whatever the timeouts.
   A RecoveryGuardHook goes first (with TensorFlow's own session creators it refuses a
   re-created session and ends a task whose session recovery spins on a dead task), then on the
   chief a MidEpochRestoreHook (with TensorFlow's own ChiefSessionCreator, which restores only
-  epoch checkpoints, it restores a newer mid-epoch one), then a RunStartHook (the chief cleans what an earlier run left on the ps tasks, the workers wait
-  for it), then `sync_hook` (the sync optimizer's `make_session_run_hook`), so
-  the chief's gradient aggregation runs before any epoch work; `epoch_input.hook` goes last.
+  epoch checkpoints, it restores a newer mid-epoch one), then a RunStartHook (the chief cleans
+  what an earlier run left on the ps tasks, the workers wait for it), then `sync_hook` (the
+  sync optimizer's `make_session_run_hook`), so the chief's gradient aggregation runs before
+  any epoch work; `epoch_input.hook` goes last.
 
   Args:
     config: this task's `ClusterConfig` (a chief or worker task).
