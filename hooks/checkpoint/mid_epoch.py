@@ -52,11 +52,12 @@ def mid_epoch_dir(model_dir: str) -> str:
   return os.path.join(model_dir, MID_EPOCH_DIR)
 
 
-def checkpoint_to_restore(model_dir: Optional[str]) -> Optional[str]:
+def checkpoint_to_restore(model_dir: Optional[str], log: bool = True) -> Optional[str]:
   """The newest mid-epoch checkpoint if its epoch is after the newest epoch checkpoint's, else None.
 
   None means: restore `<model_dir>`'s newest (epoch) checkpoint as usual. A stale mid-epoch
-  checkpoint (of an epoch an epoch checkpoint completed) is never restored; INFO says so.
+  checkpoint (of an epoch an epoch checkpoint completed) is never restored; INFO says so
+  (with `log`: a caller that only checks passes log=False).
   """
   mid = model_dir and tf.train.latest_checkpoint(mid_epoch_dir(model_dir))
   match = mid and _NAME.search(mid)
@@ -69,9 +70,11 @@ def checkpoint_to_restore(model_dir: Optional[str]) -> Optional[str]:
     completed = (int(tf.train.load_variable(newest, "epochsync/completed_epochs"))
                  if "epochsync/completed_epochs" in names else 1 << 62)  # stock: unknown
   if int(match.group(1)) < completed:
-    logging.info("ignoring the mid-epoch checkpoint %s: %s completed its epoch", mid, newest)
+    if log:
+      logging.info("ignoring the mid-epoch checkpoint %s: %s completed its epoch", mid, newest)
     return None
-  logging.info("restoring the mid-epoch checkpoint %s (newer than %s)", mid, newest)
+  if log:
+    logging.info("restoring the mid-epoch checkpoint %s (newer than %s)", mid, newest)
   return mid
 
 
@@ -167,7 +170,7 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
 
   def _warn_if_not_resumed(self, position) -> None:
     """A newer mid-epoch checkpoint that the session does not hold: say what is re-trained."""
-    newer = checkpoint_to_restore(self._dir)
+    newer = checkpoint_to_restore(self._dir, log=False)
     if not newer:
       return
     saved = [int(v) for v in tf.train.load_variable(newer, "epochsync/mid_epoch/position")]

@@ -56,7 +56,7 @@ class MidEpochRestoreHook(_v1.train.SessionRunHook):
       self._read_position = position.read_value()
 
   def after_create_session(self, session, coord):
-    path = mid_epoch.checkpoint_to_restore(self._dir)
+    path = mid_epoch.checkpoint_to_restore(self._dir, log=False)  # it logs what it restores
     if not path:
       return
     held = session.run(self._read_position, options=run_options(_READ_TIMEOUT_SECS))
