@@ -1,5 +1,7 @@
-"""examples/k8s/tfjob.yaml: every replica's TF_CONFIG (as the training operator builds it) and
-EPOCHSYNC_* environment give one consistent cluster and one set of settings."""
+"""examples/k8s/: every replica's TF_CONFIG (as the training operator builds it) and EPOCHSYNC_*
+environment give one consistent cluster and one set of settings (tfjob.yaml, ctr-tfjob.yaml); the
+CTR job reads what ctr-data.yaml writes; each NetworkPolicy admits its own job's pods only; and
+every manifest uses the restart policy docs/deploy.md and docs/quickstart-k8s.md recommend."""
 
 import json
 import os
