@@ -97,3 +97,24 @@ def test_every_field_is_documented():
   for field, path in OPTIONAL_FIELDS.items():
     with open(os.path.join(ROOT, path)) as f:
       assert f'"{field}"' in f.read(), (field, path)
+
+
+def _anchor(heading):
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_of_the_troubleshooting_and_quick_start_docs_resolves():
+  for doc in ("troubleshooting.md", "quickstart-k8s.md"):
+    path = os.path.join(ROOT, "docs", doc)
+    with open(path) as f:
+      links = re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", f.read())
+    assert links, doc
+    for target, anchor in links:
+      if target.startswith("http"):
+        continue
+      linked = os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else path
+      assert os.path.exists(linked), (doc, target)
+      if anchor:
+        with open(linked) as f:
+          headings = [_anchor(h) for h in re.findall(r"^#+ (.*)$", f.read(), re.M)]
+        assert anchor in headings, (doc, target, anchor)
