@@ -175,6 +175,11 @@ def test_local_mode_saves_mid_epoch_and_resumes_exactly(tmp_path):
                      "the resumed local job")
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug on the Estimator path: in 3 runs (load 20-30) the chief named worker:1 dead "
+    "and then never exited (the restarted worker waited at the start barrier), or the "
+    "restarted worker rejoined the running epoch unnoticed (audit attempt 1, global_step 16 "
+    "instead of 8)"))
 @pytest.mark.timeout(900)
 def test_restart_policy_on_failure_restarts_pods_one_by_one_and_resumes_exactly(tmp_path):
   """What docs/quickstart-k8s.md recommends: a TFJob with restartPolicy OnFailure.
@@ -196,7 +201,9 @@ def test_restart_policy_on_failure_restarts_pods_one_by_one_and_resumes_exactly(
       time.sleep(0.05)
     assert not read_audit(model_dir), "the kill did not land inside the epoch"
     cluster.kill_task("worker:1")
-    time.sleep(0.2)
+    deadline = time.monotonic() + 30  # the kubelet restarts the container once it has exited
+    while time.monotonic() < deadline and cluster.results()["worker:1"].returncode is None:
+      time.sleep(0.05)
     cluster.restart_task("worker:1", command)
     restarts, deadline = 0, time.monotonic() + 350
     while time.monotonic() < deadline:
