@@ -147,8 +147,10 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
 
   Every epoch-sync setting not given here comes from the parsed --epochsync_* flags if
   `hooks.config.flags` was imported, else from `EpochSyncSettings`' defaults. It turns off what
-  epoch-synchronized training must not have: mid-epoch checkpoints (the chief saves one per epoch
-  after the barrier), staggered worker starts and TensorFlow's 30 s worker start-up poll.
+  epoch-synchronized training must not have: stock's CheckpointSaverHook, which would save while
+  workers train (the chief saves one checkpoint per epoch after the barrier, and mid-epoch ones
+  every `save_checkpoints_secs`, 600 s by default, where the model holds whole steps), staggered
+  worker starts and TensorFlow's 30 s worker start-up poll.
   TF_CONFIG needs a "chief" job (the chief is `chief:0`, worker id 0; `worker:i` is worker id
   i+1); without a cluster in TF_CONFIG, training runs in this one process (local mode).
 
@@ -169,7 +171,9 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
     early_stopping: `EarlyStopping` rule (needs in-loop evaluation).
     evaluator_timeout_secs: `float` longest wait of the evaluator task for the next epoch's
       checkpoint; set it above your longest epoch.
-    **run_config_kwargs: any other `tf.estimator.RunConfig` argument.
+    **run_config_kwargs: any other `tf.estimator.RunConfig` argument; `save_checkpoints_secs`/
+      `_steps` set the mid-epoch checkpoints' period (neither given: the settings', 600 s;
+      `save_checkpoints_secs=None` or 0: none).
 
   Raises:
     ConfigError: listing every problem at once (both save_checkpoints_* or a negative one, a

@@ -26,6 +26,9 @@ import tensorflow as tf
 
 import estimator_ext
 from examples import ctr_data
+# Defines the --epochsync_* flags, so that they and the EPOCHSYNC_* variables of a deployment
+# (examples/k8s/ctr-tfjob.yaml) set EpochSyncRunConfig's settings.
+from hooks.config import flags as epochsync_flags  # pylint: disable=unused-import
 
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "train/part-*.tfrecord and eval/part-*.tfrecord "
                                 "(python -m examples.ctr_data writes them).")

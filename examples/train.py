@@ -85,8 +85,10 @@ def first_epoch_counts(ids, epoch_tensor, vocabulary: int):
   """Counts every id in the first epoch only (`feature_counts` on a ps); returns `ids`.
 
   The count runs in the same step as the batch that carries the ids, so it covers exactly
-  the first epoch's examples of every shard; a restart resumes after the last epoch
-  checkpoint, which holds the counts, and later epochs add nothing.
+  the first epoch's examples of every shard; a restart resumes from the newest checkpoint,
+  which holds the counts, and later epochs add nothing. A mid-epoch checkpoint of the first
+  epoch may also hold the counts of the steps in flight at its save (docs/mts.md, "Mid-epoch
+  checkpoints"), which the resumed epoch then counts again.
   """
   counts = _v1.get_variable("feature_counts", [vocabulary], tf.int64, _v1.zeros_initializer(),
                             trainable=False, use_resource=False)

@@ -1,8 +1,11 @@
-"""examples/k8s/tfjob.yaml: every replica's TF_CONFIG (as the training operator builds it) and
-EPOCHSYNC_* environment give one consistent cluster and one set of settings."""
+"""examples/k8s/: every replica's TF_CONFIG (as the training operator builds it) and EPOCHSYNC_*
+environment give one consistent cluster and one set of settings (tfjob.yaml, ctr-tfjob.yaml); the
+CTR job reads what ctr-data.yaml writes; each NetworkPolicy admits its own job's pods only; and
+every manifest uses the restart policy docs/deploy.md and docs/quickstart-k8s.md recommend."""
 
 import json
 import os
+import re
 
 from absl import flags
 from absl.testing import flagsaver
@@ -18,8 +21,8 @@ MANIFEST = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples", 
 DEFAULT_PORT = 2222  # the operator's default when no port is named tfjob-port
 
 
-def _load():
-  with open(MANIFEST) as f:
+def _load(path=MANIFEST):
+  with open(path) as f:
     return yaml.safe_load(f)
 
 
@@ -63,7 +66,7 @@ def test_shape_is_chief_workers_two_ps_and_an_evaluator():
   assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "TFJob")
   replicas = {t: s["replicas"] for t, s in job["spec"]["tfReplicaSpecs"].items()}
   assert replicas == {"Chief": 1, "Worker": 3, "PS": 2, "Evaluator": 1}
-  assert all(s["restartPolicy"] == "Never" for s in job["spec"]["tfReplicaSpecs"].values())
+  assert all(s["restartPolicy"] == "OnFailure" for s in job["spec"]["tfReplicaSpecs"].values())
   assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
 
 
@@ -130,8 +133,8 @@ def test_every_replica_runs_the_example_on_the_shared_model_dir():
 POLICY = os.path.join(os.path.dirname(MANIFEST), "networkpolicy.yaml")
 
 
-def _policy():
-  with open(POLICY) as f:
+def _policy(path=POLICY):
+  with open(path) as f:
     return yaml.safe_load(f)
 
 
@@ -209,3 +212,139 @@ def test_the_network_policy_admits_the_jobs_pods_on_the_training_port_and_nothin
   rules = policy["spec"]["ingress"]  # no rule beyond the one: no ipBlock, no namespaceSelector
   assert len(rules) == 1 and [set(p) for p in rules[0]["from"]] == [{"podSelector"}]
   assert "egress" not in policy["spec"]
+
+
+# --- docs/quickstart-k8s.md: the Estimator CTR job, its data, its policy, the restart policy ---
+
+K8S = os.path.dirname(MANIFEST)
+CTR_MANIFEST = os.path.join(K8S, "ctr-tfjob.yaml")
+CTR_DATA = os.path.join(K8S, "ctr-data.yaml")
+CTR_POLICY = os.path.join(K8S, "ctr-networkpolicy.yaml")
+DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs")
+
+
+def _flag(command, name):
+  return next(a.split("=", 1)[1] for a in command if a.startswith(f"--{name}="))
+
+
+def _recommended_policies():
+  """{doc: the restart policy it recommends}, from its "Recommendation: `restartPolicy: X`"."""
+  found = {}
+  for doc in ("quickstart-k8s.md", "deploy.md"):
+    with open(os.path.join(DOCS, doc)) as f:
+      found[doc] = re.findall(r"Recommendation: `restartPolicy: (\w+)`", f.read())
+  return found
+
+
+def test_the_documented_restart_policy_is_the_one_every_tested_manifest_uses():
+  recommended = _recommended_policies()
+  assert all(len(v) == 1 for v in recommended.values()), recommended  # one each, stated once
+  policies = {p for v in recommended.values() for p in v}
+  assert len(policies) == 1, recommended
+  policy = policies.pop()
+  for path in (MANIFEST, CTR_MANIFEST):
+    job = _load(path)
+    used = {s["restartPolicy"] for s in job["spec"]["tfReplicaSpecs"].values()}
+    assert used == {policy}, (path, used, recommended)
+    pods = sum(s.get("replicas", 1) for s in job["spec"]["tfReplicaSpecs"].values())
+    # One fault restarts up to every pod once; the limit must let at least one through.
+    assert job["spec"]["runPolicy"]["backoffLimit"] >= pods, path
+
+
+def test_no_doc_tells_to_use_another_restart_policy():
+  """Every "use `restartPolicy: X`" in docs/ names the recommended policy."""
+  told = {}
+  for doc in sorted(os.listdir(DOCS)):
+    if doc.endswith(".md"):
+      with open(os.path.join(DOCS, doc)) as f:
+        told[doc] = re.findall(r"(?:[Uu]se|Recommendation:) `restartPolicy: (\w+)`", f.read())
+  assert sum(len(v) for v in told.values()) >= 3, told
+  assert {p for v in told.values() for p in v} == {"OnFailure"}, told
+
+
+def test_the_ctr_job_is_a_chief_workers_two_ps_and_an_evaluator_that_agree():
+  job = _load(CTR_MANIFEST)
+  replicas = {t: s["replicas"] for t, s in job["spec"]["tfReplicaSpecs"].items()}
+  assert replicas == {"Chief": 1, "Worker": 3, "PS": 2, "Evaluator": 1}
+  configs = {key: ClusterConfig.from_tf_config(tf_config)
+             for key, tf_config in operator_tf_configs(job).items()}
+  assert {c.worker_names for c in configs.values()} == {
+      ("chief:0", "worker:0", "worker:1", "worker:2")}
+  envs = [_env(s) for s in job["spec"]["tfReplicaSpecs"].values()]
+  assert all(env == envs[0] for env in envs)
+  names = {epochsync_flags.env_var(h.name) for h in epochsync_flags.EPOCHSYNC_FLAGS}
+  assert {k for k in envs[0] if k.startswith("EPOCHSYNC_")} <= names
+  with flagsaver.flagsaver():
+    was_parsed = flags.FLAGS.is_parsed()
+    if was_parsed:
+      flags.FLAGS.unparse_flags()
+    settings = epochsync_flags.settings_from_flags(env=envs[0])
+    for (rtype, i), tf_config in operator_tf_configs(job).items():
+      config = epochsync_flags.cluster_from_flags(env=dict(envs[0], TF_CONFIG=tf_config))
+      assert config.task_name == f"{rtype}:{i}"
+  if was_parsed:
+    flags.FLAGS(["prog"])
+  assert settings.startup_timeout_secs == 900 and settings.save_checkpoint_secs == 600
+
+
+def test_the_ctr_job_reads_the_data_the_data_job_writes_on_the_same_volume():
+  job, data = _load(CTR_MANIFEST), _load(CTR_DATA)
+  assert (data["apiVersion"], data["kind"]) == ("batch/v1", "Job")
+  writer = data["spec"]["template"]["spec"]["containers"][0]
+  assert writer["command"][:3] == ["python", "-m", "examples.ctr_data"]
+  claims = {v["persistentVolumeClaim"]["claimName"]
+            for v in data["spec"]["template"]["spec"]["volumes"]}
+  training = {t: _container(s) for t, s in job["spec"]["tfReplicaSpecs"].items()}
+  for rtype, container in training.items():
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "examples.ctr_train"], rtype
+    assert _flag(command, "data_dir") == _flag(writer["command"], "data_dir"), rtype
+    spec = job["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]
+    assert {v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]} == claims, rtype
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    for path in (_flag(command, "data_dir"), _flag(command, "model_dir")):
+      assert any(path.startswith(m.rstrip("/") + "/") for m in mounts), (rtype, path)
+  files = _flag(writer["command"], "train_files").split(",")
+  assert len(files) % 4 == 0  # file i -> training task i % 4: every task gets whole files
+
+
+def test_the_ctr_commands_are_valid_flags_of_the_example(monkeypatch):
+  """Each replica's command and environment parse as examples/ctr_train.py's flags."""
+  pytest.importorskip("tensorflow_estimator", reason="examples.ctr_train needs estimator_ext")
+  from examples import ctr_train  # pylint: disable=g-import-not-at-top,unused-import
+  job = _load(CTR_MANIFEST)
+  spec = job["spec"]["tfReplicaSpecs"]["Worker"]
+  command, env = _container(spec)["command"], _env(spec)
+  with flagsaver.flagsaver():
+    was_parsed = flags.FLAGS.is_parsed()
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["examples.ctr_train"] + command[3:])  # an unknown or bad flag raises here
+    settings = epochsync_flags.settings_from_flags(flags.FLAGS, env=env)
+    assert flags.FLAGS["num_epochs"].value == 3
+    flags.FLAGS.unparse_flags()
+  if was_parsed:
+    flags.FLAGS(["prog"])
+  assert settings.startup_timeout_secs == 900 and settings.barrier_timeout_secs == 1800
+
+
+def test_the_ctr_network_policy_admits_the_jobs_pods_only():
+  job, policy = _load(CTR_MANIFEST), _policy(CTR_POLICY)
+  namespace = job["metadata"]["namespace"]
+  pods = [operator_pod_labels(job, rtype, i)
+          for rtype, spec in job["spec"]["tfReplicaSpecs"].items()
+          for i in range(spec.get("replicas", 1))]
+  assert all(_selects(policy["spec"]["podSelector"], labels) for labels in pods)
+  for src in pods:
+    assert admits(policy, pods[0], namespace, src, namespace, 2222)
+  other = dict(pods[0], **{"training.kubeflow.org/job-name": "epochsync-example"})
+  assert not admits(policy, pods[0], namespace, other, namespace, 2222)
+
+
+def test_every_test_the_quick_start_names_exists():
+  with open(os.path.join(DOCS, "quickstart-k8s.md")) as f:
+    named = re.findall(r"`(tests/\w+\.py)::(\w+)`", f.read())
+  assert len(named) >= 2, named
+  root = os.path.dirname(DOCS)
+  for path, test in named:
+    with open(os.path.join(root, path)) as f:
+      assert re.search(rf"^def {test}\(", f.read(), re.M), f"{path}::{test}"

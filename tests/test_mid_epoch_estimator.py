@@ -35,8 +35,9 @@ BATCH = 8  # estimator_task's batch size
 CLUSTER = dict(num_workers=3, num_ps=2, has_chief=True)
 
 
-def _job(tmp_path, name, model_dir, extra=(), kill=None, task=TASK, delay=0.0):
-  with LocalCluster(timeout_secs=120, log_dir=str(tmp_path / name), fail_fast_secs=30,
+def _job(tmp_path, name, model_dir, extra=(), kill=None, task=TASK, delay=0.0,
+         timeout_secs=120):
+  with LocalCluster(timeout_secs=timeout_secs, log_dir=str(tmp_path / name), fail_fast_secs=30,
                     **CLUSTER) as cluster:
     cluster.start(task + [f"--model_dir={model_dir}"] + list(extra))
     if kill:
@@ -172,3 +173,53 @@ def test_local_mode_saves_mid_epoch_and_resumes_exactly(tmp_path):
   assert [line["global_step"] for line in audit] == [6, 12]
   _assert_same_model(audit[-1]["checkpoint"], read_audit(oracle_dir)[-1]["checkpoint"],
                      "the resumed local job")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug on the Estimator path: in 3 runs (load 20-30) the chief named worker:1 dead "
+    "and then never exited (the restarted worker waited at the start barrier), or the "
+    "restarted worker rejoined the running epoch unnoticed (audit attempt 1, global_step 16 "
+    "instead of 8)"))
+@pytest.mark.timeout(900)
+def test_restart_policy_on_failure_restarts_pods_one_by_one_and_resumes_exactly(tmp_path):
+  """What docs/quickstart-k8s.md recommends: a TFJob with restartPolicy OnFailure.
+
+  A worker is SIGKILLed after a mid-epoch save and comes back at once at its address (the
+  kubelet restarting its container); the ps tasks keep running with the old run's state; every
+  task that then exits non-zero is restarted the same way (the test plays the operator). The
+  job must end by itself with every shard counted once in the audit, resumed inside the epoch,
+  and every variable equal to an uninterrupted run's.
+  """
+  oracle_dir, model_dir = str(tmp_path / "oracle"), str(tmp_path / "model")
+  _job(tmp_path, "oracle", oracle_dir, timeout_secs=300).check()
+  command = TASK + [f"--model_dir={model_dir}"]
+  with LocalCluster(timeout_secs=400, log_dir=str(tmp_path / "k8s"), fail_fast_secs=None,
+                    **CLUSTER) as cluster:
+    cluster.start(command + ["--step_sleep_secs=0.15"])
+    deadline = time.monotonic() + 100
+    while time.monotonic() < deadline and not mid_epoch_saved_in(model_dir, 0):
+      time.sleep(0.05)
+    assert not read_audit(model_dir), "the kill did not land inside the epoch"
+    cluster.kill_task("worker:1")
+    deadline = time.monotonic() + 30  # the kubelet restarts the container once it has exited
+    while time.monotonic() < deadline and cluster.results()["worker:1"].returncode is None:
+      time.sleep(0.05)
+    cluster.restart_task("worker:1", command)
+    restarts, deadline = 0, time.monotonic() + 350
+    while time.monotonic() < deadline:
+      results = cluster.results()
+      if all(r.returncode == 0 for r in results.values()):
+        break
+      for name, result in results.items():
+        if result.returncode not in (None, 0):  # OnFailure: the failed pod is restarted
+          restarts += 1
+          assert restarts <= 8, f"the job keeps failing; last: {name}\n{result.tail()}"
+          cluster.restart_task(name, command)
+      time.sleep(0.1)
+    assert all(r.returncode == 0 for r in cluster.results().values()), cluster.results()
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0]
+  assert [s["batches"] for s in audit[0]["workers"].values()] == SHARDS
+  assert audit[0].get("resumed_from"), audit[0]  # resumed inside the epoch, not from its start
+  _assert_same_model(audit[-1]["checkpoint"], read_audit(oracle_dir)[-1]["checkpoint"],
+                     "the job restarted pod by pod")

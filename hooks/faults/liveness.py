@@ -133,7 +133,7 @@ class LivenessMonitor:
     """The TaskDiedError (logged) for task `name`, gone for reason `why`."""
     error = TaskDiedError(
         f"{name} died while {self.task_name} waited for it {where}: {why}. Restart the whole "
-        "job (every task) from the same model_dir: it resumes at the first unsaved epoch",
+        "job (every task) from the same model_dir: it resumes from its newest checkpoint",
         name, where)
     logging.error("%s", error)
     return error
@@ -183,7 +183,7 @@ def explain_lost_session(error: Exception, monitor: Optional[LivenessMonitor], t
   return EpochSyncError(
       f"{task_name} lost its session {where}: {type(error).__name__}: "
       f"{getattr(error, 'message', error)}. A task or the network failed; restart the whole job "
-      "(every task) from the same model_dir: it resumes at the first unsaved epoch")
+      "(every task) from the same model_dir: it resumes from its newest checkpoint")
 
 
 class _GrpcProbe:

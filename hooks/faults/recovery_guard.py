@@ -98,7 +98,7 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
           f"{self._task}: TensorFlow's MonitoredSession re-created its lost session (a task or "
           "the network failed; see the log above), and epoch-synchronized training cannot "
           "resume on one task alone: restart the whole job (every task) from the same "
-          "model_dir; it resumes at the first unsaved epoch")
+          "model_dir; it resumes from its newest checkpoint")
 
   def end(self, session) -> None:
     # A stop requested with an error (the sync hook's thread found a task dead) that

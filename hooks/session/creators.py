@@ -51,8 +51,8 @@ class _OnceAndAlive:
       raise EpochSyncError(
           f"{self._task} lost its session (a task or the network failed; see the log above) "
           "and epoch-synchronized training cannot resume it on one task alone: restart the "
-          "whole job (every task) from the same model_dir; it resumes at the first unsaved "
-          "epoch")
+          "whole job (every task) from the same model_dir; it resumes from its newest "
+          "checkpoint")
     self._created = True
     deadline = time.monotonic() + self._startup_timeout
     if self._liveness and self._needed:
