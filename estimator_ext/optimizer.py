@@ -72,7 +72,8 @@ def _canned_learning_rate() -> Optional[float]:
   min(0.005, 1/sqrt(#columns)) for wide & deep, ...).
   """
   try:
-    from tensorflow_estimator.python.estimator.canned import optimizers  # pylint: disable=g-import-not-at-top
+    # pylint: disable=g-import-not-at-top
+    from tensorflow_estimator.python.estimator.canned import optimizers
   except ImportError:
     return None
   code = optimizers.get_optimizer_instance.__code__

@@ -91,7 +91,8 @@ def _resolved_settings(settings: Optional[EpochSyncSettings], explicit: Dict[str
   """(settings, num_workers): arguments > parsed --epochsync_* flags > EPOCHSYNC_* > defaults.
 
   An EpochSyncSettings passed as `settings` counts as arguments for all its fields. The flags
-  are defined (hooks.config.flags imported) here if the job did not: their parsers read the variables.
+  are defined here (hooks.config.flags imported) if the job did not: their parsers read the
+  variables.
   """
   from hooks.config import flags as epochsync_flags  # pylint: disable=g-import-not-at-top
   try:
@@ -191,8 +192,8 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
 
   Raises:
     ConfigError: listing every problem at once (both save_checkpoints_* or a negative one, a
-      worker delay, strategies,
-      invalid settings or EPOCHSYNC_* variables (named with their value), a TF_CONFIG without chief, a worker count that disagrees with TF_CONFIG).
+      worker delay, strategies, invalid settings or EPOCHSYNC_* variables (named with their
+      value), a TF_CONFIG without chief, a worker count that disagrees with TF_CONFIG).
   """
 
   def __init__(self, model_dir: Optional[str] = None, *, num_epochs: Optional[int] = None,

@@ -117,5 +117,5 @@ class TestForms:
         estimator_ext.sync_optimizer(lambda: "SGD").minimize(var * var)
 
   def test_the_names_are_the_canned_estimators(self):
-    from tensorflow_estimator.python.estimator.canned import optimizers  # pylint: disable=g-import-not-at-top
+    from tensorflow_estimator.python.estimator.canned import optimizers  # pylint: disable=all
     assert optimizer_lib.CANNED_OPTIMIZERS == optimizers._OPTIMIZER_CLS_NAMES

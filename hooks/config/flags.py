@@ -279,7 +279,7 @@ def settings_from_flags(flag_values: flags.FlagValues = flags.FLAGS,
   """EpochSyncSettings: `explicit` arguments > --epochsync_* flags > EPOCHSYNC_* vars > defaults.
 
   Works with unparsed flags too (a job that never calls absl's app.run): then the arguments, the
-  variables and the defaults count. `hooks.config.setting_sources.sources_of()` tells each value's source.
+  variables and the defaults count. `setting_sources.sources_of()` tells each value's source.
 
       settings = settings_from_flags(num_epochs=3)   # 3 whatever the flag or variable says
 
