@@ -46,7 +46,7 @@ def _decayed(rate):
 
 def _train(model_dir, dnn_optimizer, linear_optimizer):
   ids = v1.feature_column.categorical_column_with_identity("id", VOCAB)
-  config = estimator_ext.EpochSyncRunConfig(str(model_dir), num_epochs=2, tf_random_seed=3)
+  config = estimator_ext.EpochSyncRunConfig(str(model_dir), num_epochs=1, tf_random_seed=3)
   estimator = v1.estimator.DNNLinearCombinedClassifier(
       linear_feature_columns=[ids], linear_optimizer=linear_optimizer,
       dnn_feature_columns=[v1.feature_column.embedding_column(ids, DIM)],
@@ -56,7 +56,6 @@ def _train(model_dir, dnn_optimizer, linear_optimizer):
   return {name: estimator.get_variable_value(name) for name in estimator.get_variable_names()}
 
 
-@pytest.mark.timeout(240)
 def test_wide_deep_by_name_and_by_callable_equals_the_instances(tmp_path):
   sync = estimator_ext.sync_optimizer
   want = _train(tmp_path / "instance", sync(v1.train.AdagradOptimizer(DNN_RATE)),
@@ -64,7 +63,7 @@ def test_wide_deep_by_name_and_by_callable_equals_the_instances(tmp_path):
   by_name = _train(tmp_path / "name", sync("Adagrad"), sync("Ftrl"))
   by_callable = _train(tmp_path / "callable", sync(_decayed(DNN_RATE)),
                        sync(lambda: v1.train.FtrlOptimizer(LINEAR_RATE)))
-  assert want["global_step"] == 2 * BATCHES
+  assert want["global_step"] == BATCHES
   assert any(not np.allclose(v, 0) for k, v in want.items() if "dnn/hiddenlayer_0/kernel" in k)
   for got in (by_name, by_callable):
     trained = {k for k in want if "Adagrad" not in k and "Ftrl" not in k}
