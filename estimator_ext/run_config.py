@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from estimator_ext.early_stopping import EarlyStopping
 from hooks import log as logging
+from hooks.config import setting_sources
 from hooks.config.cluster import ClusterConfig
 from hooks.errors import ConfigError, raise_if_problems
 from hooks.config.settings import EpochSyncSettings
@@ -77,21 +78,35 @@ def _save_period(settings: EpochSyncSettings, kwargs: Dict[str, Any],
     problems.extend(bad)
     return settings
   try:
-    return dataclasses.replace(settings, save_checkpoint_secs=secs or 0,
-                               save_checkpoint_steps=steps or 0)
+    return setting_sources.combine(
+        settings, dict(save_checkpoint_secs=secs or 0, save_checkpoint_steps=steps or 0),
+        setting_sources.sources_of(settings))
   except ConfigError as e:
     problems.append(str(e))
     return settings
 
 
-def _flag_defaults() -> Tuple[Optional[EpochSyncSettings], Optional[int]]:
-  """The parsed --epochsync_* flags (settings, num_workers), or (None, None) if not defined."""
-  values = absl_flags.FLAGS
-  if "epochsync_num_epochs" not in values or not values.is_parsed():
-    return None, None
-  from hooks.config import flags as epochsync_flags  # pylint: disable=g-import-not-at-top; defined them
-  return (epochsync_flags.settings_from_flags(values),
-          values["epochsync_num_workers"].value if "epochsync_num_workers" in values else None)
+def _resolved_settings(settings: Optional[EpochSyncSettings], explicit: Dict[str, Any],
+                       problems: List[str]) -> Tuple[EpochSyncSettings, Optional[int]]:
+  """(settings, num_workers): arguments > parsed --epochsync_* flags > EPOCHSYNC_* > defaults.
+
+  An EpochSyncSettings passed as `settings` counts as arguments for all its fields. The flags
+  are defined here (hooks.config.flags imported) if the job did not: their parsers read the
+  variables.
+  """
+  from hooks.config import flags as epochsync_flags  # pylint: disable=g-import-not-at-top
+  try:
+    if settings is not None:
+      given = {f: getattr(settings, f) for f in _SETTINGS_FIELDS}
+      resolved = setting_sources.combine(settings, {**given, **{
+          k: v for k, v in explicit.items() if v is not None}})
+    else:
+      resolved = epochsync_flags.settings_from_flags(**explicit)
+    epochsync_flags.apply_env()  # EPOCHSYNC_NUM_WORKERS, if no flag says otherwise.
+  except ConfigError as e:
+    problems.append(str(e))
+    return settings or EpochSyncSettings(), None
+  return resolved, absl_flags.FLAGS[epochsync_flags.NUM_WORKERS.name].value
 
 
 def _training_cluster(problems: List[str]) -> Tuple[Optional[ClusterConfig], Optional[str], bool]:
@@ -145,12 +160,13 @@ def _training_cluster(problems: List[str]) -> Tuple[Optional[ClusterConfig], Opt
 class EpochSyncRunConfig(tf.estimator.RunConfig):
   """A RunConfig for `estimator_ext.train_and_evaluate`: RunConfig's arguments plus epoch sync.
 
-  Every epoch-sync setting not given here comes from the parsed --epochsync_* flags if
-  `hooks.config.flags` was imported, else from `EpochSyncSettings`' defaults. It turns off what
-  epoch-synchronized training must not have: stock's CheckpointSaverHook, which would save while
-  workers train (the chief saves one checkpoint per epoch after the barrier, and mid-epoch ones
-  every `save_checkpoints_secs`, 600 s by default, where the model holds whole steps), staggered
-  worker starts and TensorFlow's 30 s worker start-up poll.
+  Each epoch-sync setting comes from, in this order: its argument here (or `settings`), its
+  --epochsync_* flag if given, its EPOCHSYNC_* variable, its default; with or without absl flag
+  parsing. It turns off what epoch-synchronized training must not have: stock's
+  CheckpointSaverHook, which would save while workers train (the chief saves one checkpoint per
+  epoch after the barrier, and mid-epoch ones every `save_checkpoints_secs`, 600 s by default,
+  where the model holds whole steps), staggered worker starts and TensorFlow's 30 s worker
+  start-up poll.
   TF_CONFIG needs a "chief" job (the chief is `chief:0`, worker id 0; `worker:i` is worker id
   i+1); without a cluster in TF_CONFIG, training runs in this one process (local mode).
 
@@ -163,8 +179,10 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
     model_dir: `str` checkpoints, the epoch audit and eval results; storage every task sees.
     num_epochs, sync, divide_by_initial_workers, barrier_timeout_secs, startup_timeout_secs,
       step_timeout_secs, warn_after_secs, log_every_secs: override `EpochSyncSettings` fields.
-    settings: `EpochSyncSettings` to start from instead of the flags.
-    num_workers: `int` expected chief+worker tasks (or --epochsync_num_workers); checked against
+    settings: `EpochSyncSettings` to use instead of the flags and variables (the arguments
+      above still override its fields).
+    num_workers: `int` expected chief+worker tasks (or --epochsync_num_workers, or
+      EPOCHSYNC_NUM_WORKERS); checked against
       TF_CONFIG.
     in_loop_eval: `bool` the chief evaluates each epoch's checkpoint between its save and the
       release of the workers (always on in local mode; default: on iff `early_stopping`).
@@ -177,8 +195,8 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
 
   Raises:
     ConfigError: listing every problem at once (both save_checkpoints_* or a negative one, a
-      worker delay, strategies,
-      invalid settings, a TF_CONFIG without chief, a worker count that disagrees with TF_CONFIG).
+      worker delay, strategies, invalid settings or EPOCHSYNC_* variables (named with their
+      value), a TF_CONFIG without chief, a worker count that disagrees with TF_CONFIG).
   """
 
   def __init__(self, model_dir: Optional[str] = None, *, num_epochs: Optional[int] = None,
@@ -193,20 +211,14 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                evaluator_timeout_secs: float = 7200.0, **run_config_kwargs):
     problems = _rejected_args(run_config_kwargs)
     run_config_kwargs = dict(run_config_kwargs)
-    flag_settings, flag_num_workers = _flag_defaults()
     explicit = dict(num_epochs=num_epochs, sync=sync,
                     divide_by_initial_workers=divide_by_initial_workers,
                     barrier_timeout_secs=barrier_timeout_secs,
                     startup_timeout_secs=startup_timeout_secs,
                     step_timeout_secs=step_timeout_secs, warn_after_secs=warn_after_secs,
                     log_every_secs=log_every_secs)
-    base = _save_period(settings or flag_settings or EpochSyncSettings(), run_config_kwargs,
-                        problems)
-    resolved = base
-    try:
-      resolved = dataclasses.replace(base, **{k: v for k, v in explicit.items() if v is not None})
-    except ConfigError as e:
-      problems.append(str(e))
+    resolved, flag_num_workers = _resolved_settings(settings, explicit, problems)
+    resolved = _save_period(resolved, run_config_kwargs, problems)
     if early_stopping is not None and not isinstance(early_stopping, EarlyStopping):
       problems.append(f"early_stopping={early_stopping!r} must be an "
                       "estimator_ext.EarlyStopping(metric=..., patience=...)")
@@ -243,6 +255,8 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                                     early_stopping is not None)
     self._epochsync_evaluator_timeout_secs = float(evaluator_timeout_secs)
     logging.info("tf-epochsync run config: %s; %s", self.describe(), resolved)
+    if self.worker_id == 0:  # The chief (or local mode's one task) says where each came from.
+      setting_sources.log_sources_once(resolved, task_name)
 
   def replace(self, **kwargs) -> "EpochSyncRunConfig":
     """RunConfig.replace(), except for the arguments this config sets itself.

@@ -169,6 +169,28 @@ def test_canned_wide_deep_two_sync_optimizers_embedding_over_two_ps(tmp_path):
   _assert_evaluator_saw_every_epoch(model_dir, audit)
 
 
+@pytest.mark.timeout(360)
+def test_canned_optimizers_by_name_and_callable_train_as_the_instances(tmp_path):
+  """Wide & deep with sync_optimizer("Ftrl") and a callable (a global_step decay) = instances."""
+  import tensorflow as tf
+  final = []
+  for form in ("canned_defaults", "names_and_callables"):
+    model_dir, _, names = _run(
+        tmp_path / form, TASK + ["--model=wide_deep", "--shard_batches=3,2",
+                                 "--epochsync_num_epochs=1", "--tf_random_seed=1",
+                                 f"--optimizers={form}"], timeout_secs=150, num_workers=2,
+        num_ps=1)
+    audit = _assert_epochs_exact(model_dir, names[:2], (3, 2), 1, 5)
+    ckpt = audit[-1]["checkpoint"]
+    final.append({name: _load(ckpt, name) for name, _ in tf.train.list_variables(ckpt)})
+  want, got = final
+  assert sorted(got) == sorted(want)
+  assert want["epochsync_sync_0/sync_step"] == want["epochsync_sync_1/sync_step"] == 3
+  assert [k for k in want if "Ftrl" in k] and [k for k in want if "Adagrad" in k]
+  for name, value in want.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 @pytest.mark.timeout(150)
 def test_in_loop_early_stopping_stops_every_task_after_the_same_epoch(tmp_path):
   """The chief evaluates each epoch before releasing it; the loss stops improving by 0.3."""

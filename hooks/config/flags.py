@@ -15,11 +15,12 @@ Typical usage:
 
 import math
 import os
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from absl import flags
 
 from hooks.config import cluster as _cluster
+from hooks.config import setting_sources as _sources
 from hooks.config import settings as _settings
 from hooks.errors import ConfigError, raise_if_problems
 
@@ -273,15 +274,27 @@ def cluster_from_flags(flag_values: flags.FlagValues = flags.FLAGS,
 
 
 def settings_from_flags(flag_values: flags.FlagValues = flags.FLAGS,
-                        env: Optional[Mapping[str, str]] = None) -> _settings.EpochSyncSettings:
-  """The --epochsync_* flags (over EPOCHSYNC_* variables, over defaults) as EpochSyncSettings.
+                        env: Optional[Mapping[str, str]] = None,
+                        **explicit: Any) -> _settings.EpochSyncSettings:
+  """EpochSyncSettings: `explicit` arguments > --epochsync_* flags > EPOCHSYNC_* vars > defaults.
 
-  Works with unparsed flags too: then the variables and the defaults count.
+  Works with unparsed flags too (a job that never calls absl's app.run): then the arguments, the
+  variables and the defaults count. `setting_sources.sources_of()` tells each value's source.
+
+      settings = settings_from_flags(num_epochs=3)   # 3 whatever the flag or variable says
 
   Raises:
-    ConfigError: a variable has a bad value (named), or a value breaks a rule of
-      EpochSyncSettings (possible if set after parsing).
+    ConfigError: a variable has a bad value (named, with the value and the rule), or the values
+      break a rule of EpochSyncSettings (each one's source named).
   """
-  apply_env(flag_values, env)
-  return _settings.EpochSyncSettings(
-      **{field: flag_values[holder.name].value for field, holder in _SETTINGS_FLAGS.items()})
+  applied = apply_env(flag_values, env)
+  env = os.environ if env is None else env
+  values, sources = {}, {}
+  for field, holder in _SETTINGS_FLAGS.items():
+    flag = flag_values[holder.name]
+    values[field] = flag.value
+    if holder.name in applied:
+      sources[field] = f"{applied[holder.name]}={env[applied[holder.name]]!r}"
+    elif flag.present or not flag.using_default_value:
+      sources[field] = f"--{holder.name}"
+  return _sources.combine(_settings.EpochSyncSettings(**values), explicit, sources)

@@ -21,7 +21,6 @@ Typical usage:
     while not sess.should_stop(): sess.run(train_op)
 """
 
-import dataclasses
 import inspect
 from typing import Any, List, Optional, Sequence
 
@@ -32,6 +31,7 @@ from hooks.config.cluster import ClusterConfig
 from hooks.data.epoch_input import EpochInput
 from hooks.session.wiring import epoch_sync_hooks
 from hooks.errors import raise_if_problems
+from hooks.config import setting_sources
 from hooks.faults import liveness as liveness_lib
 from hooks.session.creators import EpochSyncChiefSessionCreator, FastWorkerSessionCreator
 from hooks.config.settings import EpochSyncSettings
@@ -174,7 +174,9 @@ def _with_save_period(settings: EpochSyncSettings, secs: Any, steps: Any) -> Epo
     return settings
   secs, steps = (v if v is not USE_DEFAULT and v is not None and v > 0 else 0
                  for v in (secs, steps))  # As stock: None or <= 0 saves nothing.
-  return dataclasses.replace(settings, save_checkpoint_secs=secs, save_checkpoint_steps=steps)
+  return setting_sources.combine(settings, dict(save_checkpoint_secs=secs,
+                                                save_checkpoint_steps=steps),
+                                 setting_sources.sources_of(settings))
 
 
 def _cluster_problems(cluster: Any, is_chief: Any) -> List[str]:

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from hooks.data import determinism
 from hooks.faults import liveness
+from hooks.config import setting_sources
 from hooks.epoch.barrier import EpochBarrierHook
 from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
 from hooks.config.cluster import ClusterConfig
@@ -61,7 +62,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   Args:
     config: this task's `ClusterConfig` (a chief or worker task).
     epoch_input: the `EpochInput` the model reads from.
-    settings: `EpochSyncSettings` (timeouts); default: its defaults.
+    settings: `EpochSyncSettings` (timeouts); default `hooks.config.flags.settings_from_flags()`
+      (the --epochsync_* flags, else the EPOCHSYNC_* variables, else the defaults).
     model_dir: `str`, checkpoints and the audit; None: neither.
     listeners: `CheckpointSaverListener`s called around each epoch checkpoint.
     sync_hook: the synchronous optimizer's session hook, if one is used; with several sync
@@ -73,7 +75,11 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   Raises:
     ConfigError: if the config is not a training task's or a hook rejects its arguments.
   """
-  settings = settings or EpochSyncSettings()
+  if settings is None:  # As everywhere: the flags, else the EPOCHSYNC_* variables, else defaults.
+    from hooks.config import flags as epochsync_flags  # pylint: disable=g-import-not-at-top
+    settings = epochsync_flags.settings_from_flags()
+  if config.is_chief:
+    setting_sources.log_sources_once(settings, config.task_name)
   common = dict(num_workers=config.num_workers, worker_id=config.worker_id,
                 worker_names=config.worker_names)
   monitor = liveness.monitor_for(config)

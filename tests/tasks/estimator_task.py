@@ -7,6 +7,9 @@ them. Every task writes <model_dir>/summary-<task>.json with what train_and_eval
   --model=wide_deep   a canned DNNLinearCombinedRegressor (two optimizers in one step, the head
                       increments global_step): an id column, its embedding partitioned over 2 ps
   --early_stopping_patience=1 --early_stopping_min_delta=0.1   in-loop evaluation, early stop
+  --optimizers=canned_defaults|names_and_callables   wide_deep's optimizers as instances at
+                      the canned defaults (Ftrl 0.005, Adagrad 0.001), or as the name "Ftrl" and a
+                      callable (Adagrad 0.001 decayed by 1.0 on global_step): the same training
   --tf_random_seed=N --step_sleep_secs=S   the same initial variables each run; a pause per step
   --warm_start_from=<checkpoint> [--warm_start_vars=.*]   tf.estimator.WarmStartSettings: a
                       list of scopes over GLOBAL_VARIABLES (as stock); without the flag, the
@@ -29,6 +32,10 @@ from hooks.config import flags as epochsync_flags  # pylint: disable=unused-impo
 _MODEL = flags.DEFINE_enum("model", "linear", ["linear", "wide_deep"], "Which Estimator.")
 _PATIENCE = flags.DEFINE_integer("early_stopping_patience", 0, "0: no early stopping.")
 _MIN_DELTA = flags.DEFINE_float("early_stopping_min_delta", 0.0, "EarlyStopping(min_delta).")
+_OPTIMIZERS = flags.DEFINE_enum(
+    "optimizers", "instances", ["instances", "canned_defaults", "names_and_callables"],
+    "wide_deep's optimizers: Ftrl/Adagrad instances at 0.05, at the canned defaults, or as a name "
+    "and a callable.")
 _IN_LOOP = flags.DEFINE_bool("in_loop_eval", False, "The chief evaluates every epoch.")
 _WARM_FROM = flags.DEFINE_string("warm_start_from", None, "WarmStartSettings' checkpoint.")
 _WARM_VARS = flags.DEFINE_list("warm_start_vars", None, "WarmStartSettings' vars_to_warm_start "
@@ -69,11 +76,19 @@ def wide_deep_eval_input_fn():
 
 def wide_deep(config):
   ids = tf.compat.v1.feature_column.categorical_column_with_identity("id", VOCAB)
+  v1 = tf.compat.v1
+  linear_opt, dnn_opt = {
+      "instances": (v1.train.FtrlOptimizer(0.05), v1.train.AdagradOptimizer(0.05)),
+      # The canned wide & deep's defaults: Ftrl min(0.005, 1/sqrt(1 column)), Adagrad 0.001.
+      "canned_defaults": (v1.train.FtrlOptimizer(0.005), v1.train.AdagradOptimizer(0.001)),
+      "names_and_callables": ("Ftrl", lambda: v1.train.AdagradOptimizer(
+          v1.train.exponential_decay(0.001, v1.train.get_global_step(), 1, decay_rate=1.0))),
+  }[_OPTIMIZERS.value]
   return tf.compat.v1.estimator.DNNLinearCombinedRegressor(
       linear_feature_columns=[ids],
-      linear_optimizer=estimator_ext.sync_optimizer(tf.compat.v1.train.FtrlOptimizer(0.05)),
+      linear_optimizer=estimator_ext.sync_optimizer(linear_opt),
       dnn_feature_columns=[tf.compat.v1.feature_column.embedding_column(ids, EMBEDDING_DIM)],
-      dnn_optimizer=estimator_ext.sync_optimizer(tf.compat.v1.train.AdagradOptimizer(0.05)),
+      dnn_optimizer=estimator_ext.sync_optimizer(dnn_opt),
       dnn_hidden_units=[8], input_layer_partitioner=tf.compat.v1.fixed_size_partitioner(2),
       config=config)
 
