@@ -7,7 +7,7 @@ TensorFlow's master runs it in a new thread (Env::SchedClosure), whose request i
 a thread-local std::mt19937_64 seeded with 32 bits (tsl::random::ThreadLocalNew64), and each
 task rejects an id among the last 100,000 it has seen (RecentRequestIds). So a step's ids
 repeat an earlier step's with probability (earlier steps in the window) / 2**32 per step:
-about 1 - exp(-N**2 / 2**33) after N runs (N <= 100,000): 11 % at 25,000, 69 % at 100,000.
+about 1 - exp(-N**2 / 2**33) after N runs (N <= 100,000): 7 % at 25,000, 69 % at 100,000.
 
 It prints each collision (run index, the task that rejected it, the step's request id) and a
 JSON summary; the collision is counted and the runs go on (the session survives it).
