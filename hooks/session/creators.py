@@ -50,9 +50,10 @@ class _OnceAndAlive:
       cause = describe_lost_session(self._task)
       if self._liveness:
         self._liveness.raise_if_any_died(_RECREATE)
-      alive = ", every task still alive" if self._liveness else ""
+      why = (f", every task still alive (a transient error: {cause})" if self._liveness
+             else f" ({cause})")
       raise EpochSyncError(
-          f"{self._task} lost its session{alive} (a transient error: {cause}) "
+          f"{self._task} lost its session{why} "
           "and epoch-synchronized training cannot resume it on one task alone: restart the "
           "whole job (every task) from the same model_dir; it resumes at the first unsaved "
           "epoch")
