@@ -9,8 +9,15 @@ task rejects an id among the last 100,000 it has seen (RecentRequestIds). So a s
 repeat an earlier step's with probability (earlier steps in the window) / 2**32 per step:
 about 1 - exp(-N**2 / 2**33) after N runs (N <= 100,000): 7 % at 25,000, 69 % at 100,000.
 
-It prints each collision (run index, the task that rejected it, the step's request id) and a
-JSON summary; the collision is counted and the runs go on (the session survives it).
+It prints each collision (run index, the error type raised, the tasks that rejected it, the
+request ids) and a JSON summary; the collision is counted and the runs go on (the session
+survives it). The step raises AbortedError, or CancelledError when the worker's own partition,
+cancelled while it waited for the rejected ps partition, reported first.
+
+With the LD_PRELOAD shim bench/seed_bits.cc (std::random_device cut to SEED_BITS bits) the
+same collisions come within seconds; the rate follows the seed's bits, which shows the cause:
+  g++ -O2 -shared -fPIC -o /tmp/libseed_bits.so bench/seed_bits.cc
+  SEED_BITS=10 LD_PRELOAD=/tmp/libseed_bits.so python -m bench.rungraph_id_collision --runs=3000
 
 Typical usage (1 to 3 minutes per 100,000 runs on an idle 2-core machine):
   python -m bench.rungraph_id_collision --runs=150000 --threads=2 --output=/tmp/ids.json
@@ -72,15 +79,27 @@ def _client(session, fetch, counter: _Counter) -> None:
       return
     try:
       session.run(fetch)
-    except tf.errors.AbortedError as e:
+    except tf.errors.OpError as e:  # AbortedError, or CancelledError if a cancel came first
       found = _TWICE.findall(str(e))
       if not found:
         counter.other_errors.append(f"run {index}: {type(e).__name__}: {str(e)[:300]}")
         continue
-      entry = {"run": index, "rejected_by": sorted({task for task, _ in found}),
+      entry = {"run": index, "raised": type(e).__name__,
+               "rejected_by": sorted({task for task, _ in found}),
                "request_ids": sorted({rid for _, rid in found})}
       counter.collisions.append(entry)
       print(f"collision at run {index}: {json.dumps(entry)}", flush=True)
+
+
+def _read_retrying(session, tensor, attempts: int = 100) -> int:
+  """Reads `tensor`, again after a duplicate-request abort (a new step draws new ids)."""
+  for attempt in range(attempts):
+    try:
+      return int(session.run(tensor))
+    except (tf.errors.AbortedError, tf.errors.CancelledError):
+      if attempt == attempts - 1:
+        raise
+  raise AssertionError("unreachable")
 
 
 def main(argv):
@@ -108,7 +127,7 @@ def main(argv):
       for t in threads:
         t.join()
       secs = time.monotonic() - start
-      applied = int(session.run(counter_var))
+      applied = _read_retrying(session, counter_var)
   runs = counter.done()
   summary = {"runs": runs, "secs": round(secs, 1), "threads": _THREADS.value,
              "collisions": counter.collisions, "other_errors": counter.other_errors[:5],
