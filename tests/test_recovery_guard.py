@@ -229,6 +229,16 @@ class TestDuplicateRequest:
       session.run("x")  # called from here, not from MonitoredSession: passes through
 
 
+def test_only_a_rejection_by_this_tasks_own_partition_counts():
+  from hooks.faults.step_retry import rejected_by_own_task  # pylint: disable=import-outside-toplevel
+  own = _twice("worker:1").message
+  assert rejected_by_own_task(tf.errors.AbortedError(None, None, own), "worker:1")
+  assert rejected_by_own_task(tf.errors.CancelledError(None, None, own), "worker:1")
+  assert not rejected_by_own_task(tf.errors.AbortedError(None, None, own), "worker:11")
+  assert not rejected_by_own_task(tf.errors.AbortedError(None, None, own), "ps:1")
+  assert not rejected_by_own_task(tf.errors.UnavailableError(None, None, own), "worker:1")
+
+
 class TestWatcher:
 
   def test_recovery_spinning_on_a_dead_ps_ends_the_process_after_the_grace(self, caplog):

@@ -26,12 +26,14 @@ from hooks import log as logging
 __all__ = ["retry_duplicate_steps", "rejected_by_own_task", "MAX_RETRIES"]
 
 MAX_RETRIES = 3
+# The step's error: ABORTED, or CANCELLED when another partition's cancellation is reported first.
+_REPORTED_AS = (tf.errors.AbortedError, tf.errors.CancelledError)
 _MONITORED = "monitored_session.py"  # a step: session.run called by MonitoredSession itself
 
 
 def rejected_by_own_task(error: Exception, task_name: str) -> bool:
   """Whether `error` says `task_name`'s own partition rejected its RunGraph as a duplicate."""
-  if not isinstance(error, tf.errors.AbortedError):
+  if not isinstance(error, _REPORTED_AS):
     return False
   job, index = task_name.split(":")
   own = re.compile(rf"From /job:{re.escape(job)}/replica:\d+/task:{index}:\s*The same RunGraph "
@@ -56,7 +58,7 @@ def retry_duplicate_steps(session, task_name: str) -> None:
     for attempt in range(MAX_RETRIES + 1):
       try:
         return run(*args, **kwargs)
-      except tf.errors.AbortedError as e:
+      except _REPORTED_AS as e:
         if attempt == MAX_RETRIES or not rejected_by_own_task(e, task_name):
           raise
         logging.warning(
