@@ -9,6 +9,8 @@
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
                              save_stall, run_cost
                              (each is also `python -m bench.<module>` with its own flags)
+  ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
+                             steps each with mid-epoch saves (bench/soak.py; tens of minutes)
 
 Each benchmark runs its compared variants alternately in one invocation (5 repetitions) and
 writes a JSON (with the load average it ran under) and, where there is one, a PNG plot.
@@ -47,12 +49,17 @@ _FULL = {
     "save_stall": ("bench.save_stall", ["--output={out}.json"]),
     "run_cost": ("bench.run_cost", ["--output={out}.json"]),
 }
+_OPT_IN = {  # --only=<name> runs these; never part of --full
+    "soak": ("bench.soak", ["--output={out}.json"]),
+}
 
 
 def main(argv):
   full = "--full" in argv
   only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]
   suite = dict(_DEFAULT, **_FULL) if full or only else dict(_DEFAULT)
+  if only:
+    suite.update(_OPT_IN)
   if only:
     unknown = [o for o in only if o not in suite]
     if unknown:

@@ -15,6 +15,7 @@ from hooks.faults import process_exit as recovery_stack
 from hooks.errors import EpochSyncError, TaskDiedError
 from hooks.faults.liveness import LivenessMonitor, Probe
 from hooks.faults.recovery_guard import RecoveryGuardHook
+from hooks.faults.step_retry import retry_duplicate_steps
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 
 ADDRESSES = {"worker:0": "w0", "ps:0": "p0", "ps:1": "p1"}
@@ -54,14 +55,17 @@ class _Cluster:
 class _LoseSession(v1.train.SessionRunHook):
   """Raises UnavailableError from the first step (TensorFlow then re-creates the session)."""
 
-  def __init__(self, before=lambda: None):
+  def __init__(self, before=lambda: None, error=None, after_steps=0):
     self._before, self.lost = before, False
+    self._error = error or tf.errors.UnavailableError(None, None, "the ps went away")
+    self._steps = after_steps
 
   def after_run(self, run_context, run_values):
-    if not self.lost:
+    self._steps -= 1
+    if not self.lost and self._steps < 0:
       self.lost = True
       self._before()
-      raise tf.errors.UnavailableError(None, None, "the ps went away")
+      raise self._error
 
 
 class _FailingCreator(v1.train.SessionCreator):
@@ -139,6 +143,100 @@ class TestRecreatedSession:
                                              r"one task alone: restart the whole job"):
       with v1.train.MonitoredSession(hooks=[cluster.guard(), _LoseSession()]) as sess:
         sess.run(step)
+
+
+  def test_the_error_tensorflow_recovered_from_is_logged_at_warning_with_task_and_step(
+      self, caplog):
+    """A transient ABORTED with every task alive: the WARNING names the task, its steps, the
+    global step and TensorFlow's error, and the refusal says every task was alive."""
+    cluster, step = _Cluster(), _step()
+    twice = _LoseSession(error=tf.errors.AbortedError(
+        None, None, "From /job:ps/replica:0/task:0: The same RunGraph (Worker) request was "
+        "received twice. graph_handle: \"000000000000000a\""), after_steps=3)
+    verbosity = v1.logging.get_verbosity()
+    v1.logging.set_verbosity(v1.logging.INFO)  # as under absl.app.run: TF logs the error
+    try:
+      with pytest.raises(EpochSyncError, match=r"\(lost in step 4 of this task\), every task "
+                         r"still alive .*transient error: .*received twice"):
+        with v1.train.MonitoredSession(hooks=[cluster.guard(), twice]) as sess:
+          for _ in range(4):
+            sess.run(step)
+    finally:
+      v1.logging.set_verbosity(verbosity)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("worker:0: TensorFlow's MonitoredSession lost its session in step 4 of this "
+               "task (global step 0) and re-created it; the error: "
+               "From /job:ps/replica:0/task:0: The same RunGraph (Worker) request was received "
+               "twice" in w for w in warnings), warnings
+
+
+def _twice(task):
+  return tf.errors.AbortedError(
+      None, None, f"Graph execution error:\n\nABORTED: From /job:{task.split(':')[0]}/replica:0/"
+      f"task:{task.split(':')[1]}:\nThe same RunGraph (Worker) request was received twice. "
+      'graph_handle: "000000000000000c" step_id: 4935712576186045')
+
+
+class _RejectOnce(v1.train.SessionRunHook):
+  """Makes the raw session's `at`-th step fail with `error` before it runs anything (as a
+  task that rejects a duplicate RunGraph request); goes BEFORE the guard."""
+
+  def __init__(self, error, at=2):
+    self._error, self._at, self.rejected = error, at, 0
+
+  def after_create_session(self, session, coord):
+    run, calls = session.run, [0]
+
+    def failing_run(*args, **kwargs):
+      calls[0] += 1
+      if calls[0] == self._at:
+        self.rejected += 1
+        raise self._error
+      return run(*args, **kwargs)
+    session.run = failing_run
+
+
+class TestDuplicateRequest:
+
+  def test_a_step_its_own_task_rejected_as_a_duplicate_is_retried_once_and_logged(
+      self, caplog):
+    cluster, step = _Cluster(), _step()
+    reject = _RejectOnce(_twice("worker:0"), at=3)
+    with v1.train.MonitoredSession(hooks=[reject, cluster.guard()]) as sess:
+      values = [sess.run(step) for _ in range(4)]
+    assert values == [1, 2, 3, 4] and reject.rejected == 1  # each step's update exactly once
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(w.startswith("worker:0: step 3 of this task was rejected by its own task as a "
+                            "duplicate RunGraph request") and "retry 1 of 3" in w
+               and "received twice" in w for w in warnings), warnings
+    assert not cluster.exits
+
+  def test_a_step_only_a_ps_rejected_is_not_retried_and_the_job_ends_naming_it(self):
+    cluster, step = _Cluster(), _step()
+    reject = _RejectOnce(_twice("ps:0"))
+    with pytest.raises(EpochSyncError, match=r"every task still alive"):
+      with v1.train.MonitoredSession(hooks=[reject, cluster.guard()]) as sess:
+        for _ in range(3):
+          sess.run(step)
+    assert reject.rejected == 1
+
+  def test_a_run_of_a_hook_is_never_retried(self):
+    error = _twice("worker:0")
+    session = type("Session", (), {})()
+    session.run = lambda *a, **k: (_ for _ in ()).throw(error)
+    retry_duplicate_steps(session, "worker:0")
+    with pytest.raises(tf.errors.AbortedError):
+      session.run("x")  # called from here, not from MonitoredSession: passes through
+
+
+def test_only_a_rejection_by_this_tasks_own_partition_counts():
+  from hooks.faults.step_retry import rejected_by_own_task  # pylint: disable=import-outside-toplevel
+  own = _twice("worker:1").message
+  assert rejected_by_own_task(tf.errors.AbortedError(None, None, own), "worker:1")
+  assert rejected_by_own_task(tf.errors.CancelledError(None, None, own), "worker:1")
+  assert not rejected_by_own_task(tf.errors.AbortedError(None, None, own), "worker:11")
+  assert not rejected_by_own_task(tf.errors.AbortedError(None, None, own), "ps:1")
+  assert not rejected_by_own_task(tf.errors.UnavailableError(None, None, own), "worker:1")
 
 
 class TestWatcher:

@@ -1,5 +1,6 @@
 """FastWorkerSessionCreator: polls quickly and names the chief when its deadline passes."""
 
+import re
 import time
 
 import pytest
@@ -140,3 +141,24 @@ def test_a_second_session_is_refused_even_without_liveness():
   with pytest.raises(EpochSyncError, match=r"^chief:0 lost its session .* restart the whole job "
                                            r"\(every task\) from the same model_dir"):
     creator.create_session()
+
+
+def test_a_refused_second_session_names_the_error_tensorflow_recovered_from(caplog):
+  creator = EpochSyncChiefSessionCreator(task_name="chief:0")
+  creator.create_session().close()
+  verbosity = v1.logging.get_verbosity()
+  v1.logging.set_verbosity(v1.logging.INFO)  # as under absl.app.run
+  try:  # the line TensorFlow's _RecoverableSession logs before it re-creates the session
+    v1.logging.info("An error was raised. This may be due to a preemption in a connected "
+                    "worker or parameter server. The current session will be closed and a new "
+                    "session will be created. Error: %s", "ABORTED: From /job:ps/replica:0/"
+                    "task:0: The same RunGraph (Worker) request was received twice.")
+    with pytest.raises(EpochSyncError, match=r"^chief:0 lost its session \(ABORTED: .*received "
+                                             r"twice\.\) and .* restart the whole job"):
+      creator.create_session()
+  finally:
+    v1.logging.set_verbosity(verbosity)
+  assert any(r.levelname == "WARNING" and re.match(
+      r"chief:0: TensorFlow's MonitoredSession lost its session in step \d+ of this task and "
+      r"re-created it; the error: ABORTED: From /job:ps/replica:0/task:0: The same RunGraph",
+      r.getMessage()) for r in caplog.records), [r.getMessage() for r in caplog.records]

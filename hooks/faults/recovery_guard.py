@@ -27,13 +27,16 @@ import tensorflow as tf
 from hooks import log as logging
 from hooks.errors import EpochSyncError, StartupTimeoutError
 from hooks.faults.liveness import LivenessMonitor
+from hooks.faults.lost_session import describe_lost_session, lost_session_log
 from hooks.faults.process_exit import exit_after, exit_process, where
+from hooks.faults.step_retry import retry_duplicate_steps
 
 __all__ = ["RecoveryGuardHook", "GRACE_SECS", "EXIT_STATUS"]
 
 GRACE_SECS = 2.0  # After a death is found, the session's thread has this long to end by itself.
 EXIT_STATUS = 1
 _POLL_SECS = 0.1
+_READ_STEP_TIMEOUT_MS = 2000  # the global step read for the lost session's WARNING
 _RECREATED = "when TensorFlow's MonitoredSession re-created its lost session"
 _GUARDS: "weakref.WeakSet[RecoveryGuardHook]" = weakref.WeakSet()  # armed by a MonitoredSession
 _SPINNING = ("in TensorFlow's session recovery (MonitoredSession re-creating or closing its "
@@ -76,10 +79,13 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
     self._sessions, self._coord = 0, None
+    self._global_step, self._lost = None, lost_session_log()
 
   def begin(self) -> None:
     self._stop_watcher()
     self._sessions, self._coord = 0, None
+    self._global_step = tf.compat.v1.train.get_global_step()
+    self._lost.clear()
     if not where(sys._getframe())[1]:  # pylint: disable=protected-access
       return  # not called by a MonitoredSession: there is no recovery to guard
     self._stop = threading.Event()
@@ -91,14 +97,31 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
   def after_create_session(self, session, coord) -> None:
     self._sessions += 1
     self._coord = coord
+    retry_duplicate_steps(session, self._task)
     if self._sessions > 1:
       self._stop_watcher()  # this thread raises now: nothing is left to end
+      steps = self._lost.steps()
+      cause = describe_lost_session(self._task, self._read_global_step(session))
       self._liveness.raise_if_any_died(_RECREATED)
       raise EpochSyncError(
-          f"{self._task}: TensorFlow's MonitoredSession re-created its lost session (a task or "
-          "the network failed; see the log above), and epoch-synchronized training cannot "
+          f"{self._task}: TensorFlow's MonitoredSession re-created its lost session (lost in "
+          f"step {steps} of this task), every task still alive with the incarnation it "
+          f"had (a transient error: {cause}), and epoch-synchronized training cannot "
           "resume on one task alone: restart the whole job (every task) from the same "
           "model_dir; it resumes from its newest checkpoint")
+
+  def before_run(self, run_context) -> None:
+    self._lost.count_step()
+
+  def _read_global_step(self, session) -> Optional[int]:
+    """The global step read through the re-created session, or None if it cannot be read."""
+    if self._global_step is None:
+      return None
+    try:
+      options = tf.compat.v1.RunOptions(timeout_in_ms=_READ_STEP_TIMEOUT_MS)
+      return int(session.run(self._global_step, options=options))
+    except Exception:  # pylint: disable=broad-except
+      return None
 
   def end(self, session) -> None:
     # A stop requested with an error (the sync hook's thread found a task dead) that

@@ -26,6 +26,7 @@ from hooks.checkpoint import partial_restore as restore_lib
 from hooks.config.cluster import ClusterConfig
 from hooks.errors import EpochSyncError, StartupTimeoutError, TaskDiedError
 from hooks.faults.liveness import LivenessMonitor
+from hooks.faults.lost_session import describe_lost_session
 
 __all__ = ["FastWorkerSessionCreator", "EpochSyncChiefSessionCreator", "session_creator"]
 
@@ -46,10 +47,13 @@ class _OnceAndAlive:
   def _before_create(self) -> float:
     """Refuses a re-creation; waits until the needed tasks answer. Returns the deadline."""
     if self._created:
+      cause = describe_lost_session(self._task)
       if self._liveness:
         self._liveness.raise_if_any_died(_RECREATE)
+      why = (f", every task still alive (a transient error: {cause})" if self._liveness
+             else f" ({cause})")
       raise EpochSyncError(
-          f"{self._task} lost its session (a task or the network failed; see the log above) "
+          f"{self._task} lost its session{why} "
           "and epoch-synchronized training cannot resume it on one task alone: restart the "
           "whole job (every task) from the same model_dir; it resumes from its newest "
           "checkpoint")
