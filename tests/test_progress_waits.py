@@ -76,3 +76,21 @@ def test_a_stopped_worker_is_named_with_how_long_since_its_last_step(tmp_path):
 def _log(cluster, name):
   with open(os.path.join(cluster.log_dir, name.replace(":", "-") + ".log")) as f:
     return f.read()
+
+
+@pytest.mark.timeout(120)
+def test_a_long_mid_epoch_save_outlasts_the_step_timeout(tmp_path):
+  # The chief saves between two aggregations: every synchronous step waits for the save.
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=30,30", "--step_sleep_secs=0.05",
+                    "--epochsync_step_timeout_secs=4", "--epochsync_warn_after_secs=3",
+                    "--epochsync_save_checkpoint_steps=15", "--epochsync_save_checkpoint_secs=0",
+                    "--mid_epoch_save_sleep_secs=8"]
+  with LocalCluster(num_workers=2, timeout_secs=90, log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(command)
+    result = cluster.wait()
+  result.check()
+  chief = result.tasks["worker:0"].log
+  assert "slow mid-epoch save: sleeping 8.0 s" in chief, chief
+  assert re.search(r"chief saved a mid-epoch checkpoint of epoch 0 .* in [89]\.\d+ s", chief), chief
+  assert read_audit(model_dir)[0]["workers"]["worker:1"]["batches"] == 30

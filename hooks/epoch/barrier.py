@@ -32,7 +32,7 @@ from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.config.settings import MIN_LOG_EVERY_SECS
 from hooks.errors import BarrierTimeoutError, ConfigError, EpochSyncError, TaskDiedError
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
-from hooks.faults.waiting import BackgroundRun, run_options
+from hooks.faults.waiting import MAX_WAIT_SECS, BackgroundRun, run_options
 
 __all__ = ["EpochBarrierHook", "ChiefAction"]
 
@@ -42,10 +42,6 @@ _REFUSED = barrier_graph.REFUSED  # ... or that the chief refused the tasks' set
 _RPC_TIMEOUT_SECS = 60.0  # Runs that cannot block: generous, a busy ps must not fail them.
 _READ_TIMEOUT_SECS = 5.0  # The read of who arrived, for a log line or an error message.
 _ABORT_GRACE_SECS = 2.0  # A worker outwaits its deadline by this much for the chief's abort.
-# The blocking run's own deadline: the wait's deadline moves with the awaited tasks' progress
-# (hooks.faults.heartbeat), so the run is bounded only by this (it is cancelled at once when the
-# waiting task gives up and closes its session).
-MAX_WAIT_SECS = 7 * 24 * 3600.0
 _POLL_SECS = 1.0  # How often a wait reads who arrived and how far the others are.
 
 # fn(session, epoch, arrivals by task name) -> fields for the audit line

@@ -29,7 +29,7 @@ from hooks import graph_keys
 from hooks import log as logging
 from hooks.faults.waiting import run_options
 
-__all__ = ["Heartbeat", "ProgressWatch", "busy", "variables", "BEAT_SECS"]
+__all__ = ["Heartbeat", "ProgressWatch", "busy", "variables", "rows_op", "BEAT_SECS"]
 
 _v1 = tf.compat.v1
 BEAT_SECS = 1.0  # How often each task writes its row.
@@ -77,6 +77,14 @@ def variables(num_workers: int, ps_device: str = "/job:ps/task:0") -> tf.Variabl
   return _graphs[graph]
 
 
+def rows_op(num_workers: int, ps_device: str = "/job:ps/task:0") -> tf.Tensor:
+  """A read of every task's row ([num_workers, 5]); zeros while the variable does not exist."""
+  var = variables(num_workers, ps_device)
+  with _v1.device(var.device), tf.name_scope("epochsync_heartbeat"):
+    return tf.cond(_v1.is_variable_initialized(var), var.read_value,
+                   lambda: tf.zeros([num_workers, 5], tf.int64))
+
+
 class Heartbeat:
   """This task's writer of its heartbeat row, and the reader of every task's rows.
 
@@ -100,13 +108,12 @@ class Heartbeat:
 
   def build(self) -> None:
     var = variables(self._n, self._ps)
-    with _v1.device(self._ps), tf.name_scope("epochsync_heartbeat"):
+    with _v1.device(var.device), tf.name_scope("epochsync_heartbeat"):
       self._row = _v1.placeholder(tf.int64, [5], "row")
       self._write = _v1.scatter_update(var, [self._id], [self._row]).op
       self._init = var.initializer
       self._initialized = _v1.is_variable_initialized(var)
-      self._read = tf.cond(self._initialized, var.read_value,
-                           lambda: tf.zeros([self._n, 5], tf.int64))
+    self._read = rows_op(self._n, self._ps)
 
   def start(self, session) -> None:
     """Starts the writer thread (the chief first clears every row)."""
@@ -178,6 +185,11 @@ class ProgressWatch:
     self._rows: Optional[np.ndarray] = read()
     self._first = None if self._rows is None else self._rows.copy()
     self._beat_seen_at = [self._start] * len(self._names)
+
+  @property
+  def moved_at(self) -> float:
+    """When (on `clock`) an awaited task last moved, or the watch started."""
+    return self._moved_at
 
   def observe(self, awaited: Sequence[int]) -> float:
     """Reads the rows; returns the seconds since one of `awaited` last moved (or since start)."""

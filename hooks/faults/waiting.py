@@ -20,11 +20,14 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["BackgroundRun", "GRACE_SECS", "run_options"]
+__all__ = ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options"]
 
 # A background call's own run deadline comes this long after the caller's deadline, so the
 # caller always gives up first and only an abandoned call is ever cancelled.
 GRACE_SECS = 5.0
+# The own deadline of a blocking run whose wait is bounded by the progress of the tasks it
+# waits for (hooks.heartbeat) instead: the waiting task gives up earlier, when they stall.
+MAX_WAIT_SECS = 7 * 24 * 3600.0
 
 
 def run_options(timeout_secs: float) -> tf.compat.v1.RunOptions:

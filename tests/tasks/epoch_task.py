@@ -7,6 +7,7 @@
                                     server already up: every worker asks for the model first
   --save_sleep_secs=20              each epoch checkpoint of the chief takes 20 s longer (a
                                     CheckpointSaverListener sleeps in before_save)
+  --mid_epoch_save_sleep_secs=8     each mid-epoch checkpoint of the chief takes 8 s longer
 """
 
 import faulthandler
@@ -30,6 +31,21 @@ _CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
                                    "The chief initialises the model this late.")
 _SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0,
                                  "Each epoch checkpoint of the chief takes this much longer.")
+_MID_SAVE_SLEEP = flags.DEFINE_float("mid_epoch_save_sleep_secs", 0.0,
+                                     "Each mid-epoch checkpoint of the chief takes this much longer.")
+
+
+def _slow_mid_epoch_saves():
+  """Saver.save sleeps first when it writes a mid-epoch checkpoint."""
+  save = tf.compat.v1.train.Saver.save
+
+  def slow_save(self, sess, save_path, *args, **kwargs):
+    if "mid_epoch" in save_path:
+      print(f"slow mid-epoch save: sleeping {_MID_SAVE_SLEEP.value} s", flush=True)
+      time.sleep(_MID_SAVE_SLEEP.value)
+    return save(self, sess, save_path, *args, **kwargs)
+
+  tf.compat.v1.train.Saver.save = slow_save
 
 
 class _SlowSave(tf.compat.v1.train.CheckpointSaverListener):
@@ -73,6 +89,8 @@ def _extra_hooks(config, epoch_input):
 def main(argv):
   del argv
   faulthandler.register(signal.SIGTERM, chain=True)  # a task killed at a deadline shows where
+  if _MID_SAVE_SLEEP.value > 0:
+    _slow_mid_epoch_saves()
   train.train(_extra_hooks, listeners=[_SlowSave()] if _SAVE_SLEEP.value > 0 else [])
 
 
