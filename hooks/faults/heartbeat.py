@@ -29,7 +29,8 @@ from hooks import graph_keys
 from hooks import log as logging
 from hooks.faults.waiting import run_options
 
-__all__ = ["Heartbeat", "ProgressWatch", "busy", "variables", "rows_op", "BEAT_SECS"]
+__all__ = ["Heartbeat", "ProgressWatch", "busy", "variables", "rows_op", "remote_reader",
+           "BEAT_SECS"]
 
 _v1 = tf.compat.v1
 BEAT_SECS = 1.0  # How often each task writes its row.
@@ -69,10 +70,10 @@ def variables(num_workers: int, ps_device: str = "/job:ps/task:0") -> tf.Variabl
   """
   graph = _v1.get_default_graph()
   if graph not in _graphs:
-    with _v1.device(ps_device), tf.name_scope("epochsync_heartbeat"):
+    # An absolute name: a reader in another graph (the evaluator's) finds it on the ps.
+    with _v1.device(ps_device), _v1.name_scope("epochsync/"):
       _graphs[graph] = _v1.Variable(tf.zeros([num_workers, 5], tf.int64), trainable=False,
-                                    collections=[], use_resource=False,
-                                    name="epochsync_heartbeat")
+                                    collections=[], use_resource=False, name="heartbeat")
     _v1.add_to_collection(graph_keys.RESET_OPS, _graphs[graph].initializer)
   return _graphs[graph]
 
@@ -83,6 +84,25 @@ def rows_op(num_workers: int, ps_device: str = "/job:ps/task:0") -> tf.Tensor:
   with _v1.device(var.device), tf.name_scope("epochsync_heartbeat"):
     return tf.cond(_v1.is_variable_initialized(var), var.read_value,
                    lambda: tf.zeros([num_workers, 5], tf.int64))
+
+
+def remote_reader(ps_target: str, num_workers: int, ps_device: str = "/job:ps/task:0"
+                  ) -> Callable[[], Optional[np.ndarray]]:
+  """fn() -> every task's row, read over a session of its own to the ps at `ps_target`
+  (`grpc://host:port`), for a task outside the training session (the evaluator); None when
+  the ps does not answer within 2 s."""
+  graph = tf.Graph()
+  with graph.as_default():
+    rows = rows_op(num_workers, ps_device)
+  session = _v1.Session(ps_target, graph=graph,
+                        config=_v1.ConfigProto(device_filters=[ps_device]))
+
+  def read():
+    try:
+      return session.run(rows, options=run_options(_RUN_SECS))
+    except tf.errors.OpError:
+      return None
+  return read
 
 
 class Heartbeat:

@@ -31,8 +31,8 @@ _CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
                                    "The chief initialises the model this late.")
 _SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0,
                                  "Each epoch checkpoint of the chief takes this much longer.")
-_MID_SAVE_SLEEP = flags.DEFINE_float("mid_epoch_save_sleep_secs", 0.0,
-                                     "Each mid-epoch checkpoint of the chief takes this much longer.")
+_MID_SAVE_SLEEP = flags.DEFINE_float(
+    "mid_epoch_save_sleep_secs", 0.0, "Each mid-epoch checkpoint of the chief takes this long more.")
 
 
 def _slow_mid_epoch_saves():
