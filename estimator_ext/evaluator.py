@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from estimator_ext import eval_log
 from estimator_ext import exit_record
-from hooks import heartbeat
+from hooks.faults import heartbeat
 from hooks import log as logging
 from hooks.epoch.audit import read_audit
 from hooks.errors import ConfigError, SyncTimeoutError, TaskDiedError, raise_if_problems

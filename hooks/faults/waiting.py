@@ -26,7 +26,7 @@ __all__ = ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options"]
 # caller always gives up first and only an abandoned call is ever cancelled.
 GRACE_SECS = 5.0
 # The own deadline of a blocking run whose wait is bounded by the progress of the tasks it
-# waits for (hooks.heartbeat) instead: the waiting task gives up earlier, when they stall.
+# waits for (hooks.faults.heartbeat) instead: the waiting task gives up earlier, when they stall.
 MAX_WAIT_SECS = 7 * 24 * 3600.0
 
 
