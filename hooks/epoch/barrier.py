@@ -148,6 +148,13 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   # --- the barrier ---------------------------------------------------------------------
 
   def _sync(self, session, barrier: str, seq: int, stats: EpochStats, timeout: float):
+    try:
+      self._sync_now(session, barrier, seq, stats, timeout)
+    except BaseException:  # The session fails now (end() is not called): stop beating.
+      self._heartbeat.stop()
+      raise
+
+  def _sync_now(self, session, barrier: str, seq: int, stats: EpochStats, timeout: float):
     wait = _Wait(barrier, seq, stats.epoch, time.monotonic(), timeout)
     logging.info("%s waiting at %s, epoch %d", self.task_name, barrier, stats.epoch)
     if self.is_chief:

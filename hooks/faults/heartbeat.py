@@ -16,6 +16,7 @@ Typical usage:
   stalled_secs = watch.observe([1])                            # each poll of a wait
 """
 
+import atexit
 import contextlib
 import threading
 import time
@@ -40,6 +41,15 @@ ACTIVITIES = ("training", "saving", "restoring", "evaluating")
 _active: Dict[str, int] = {}  # This process's busy() activities (saves run in several threads).
 _lock = threading.Lock()
 _graphs: "weakref.WeakKeyDictionary[tf.Graph, tf.Variable]" = weakref.WeakKeyDictionary()
+# Writers still beating: stopped at exit, so no daemon thread is inside a TensorFlow run when
+# the interpreter ends (that aborts the process: "FATAL: exception not rethrown").
+_running: "weakref.WeakSet[Heartbeat]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+  for beat in list(_running):
+    beat.stop()
 
 
 @contextlib.contextmanager
@@ -144,9 +154,12 @@ class Heartbeat:
     self._thread = threading.Thread(target=self._beat, args=(session,), daemon=True,
                                     name="epochsync-heartbeat")
     self._thread.start()
+    _running.add(self)
 
   def stop(self) -> None:
+    """Stops the writer (after one last write of this task's row); a no-op when stopped."""
     self._stop.set()
+    _running.discard(self)
     if self._thread is not None:
       self._thread.join(2 * _RUN_SECS)
       self._thread = None
