@@ -21,13 +21,14 @@ import tensorflow as tf
 
 from estimator_ext import eval_log
 from estimator_ext import exit_record
+from hooks.faults import heartbeat
 from hooks import log as logging
 from hooks.epoch.audit import read_audit
 from hooks.errors import ConfigError, SyncTimeoutError, TaskDiedError, raise_if_problems
 from hooks.faults.liveness import LivenessMonitor
 
 __all__ = ["EvaluatorTimeoutError", "RUN_RECORD_FILENAME", "write_run_record", "read_run_record",
-           "check_run_record", "chief_monitor", "run_evaluator"]
+           "check_run_record", "chief_monitor", "training_progress", "run_evaluator"]
 
 RUN_RECORD_FILENAME = "epochsync_run.json"
 _POLL_SECS = 0.5
@@ -97,6 +98,14 @@ def chief_monitor(config) -> Optional[LivenessMonitor]:
   return LivenessMonitor(addresses, config.task_name)
 
 
+def training_progress(config) -> Optional[Callable[[], Any]]:
+  """The evaluator's reader of the training tasks' heartbeats on ps:0 (None: local)."""
+  cluster = config.epochsync_cluster
+  if cluster is None or not cluster.cluster.get("ps"):
+    return None
+  return heartbeat.remote_reader("grpc://" + cluster.cluster["ps"][0], len(config.worker_names))
+
+
 def _failed_training_tasks(model_dir: str, since: float,
                            liveness: Optional[LivenessMonitor]) -> Dict[str, str]:
   """{task: its error} of the training tasks that failed after `since` and do not answer."""
@@ -112,7 +121,8 @@ def _failed_training_tasks(model_dir: str, since: float,
 
 def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonitor] = None,
                   clock: Callable[[], float] = time.monotonic,
-                  sleep: Callable[[float], None] = time.sleep) -> List[Dict[str, Any]]:
+                  sleep: Callable[[float], None] = time.sleep,
+                  progress: Optional[Callable[[], Any]] = None) -> List[Dict[str, Any]]:
   """Evaluates epochs 0..num_epochs-1 in order, each once; returns this task's eval lines.
 
   Args:
@@ -123,6 +133,9 @@ def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonit
       once and then died ends the wait within seconds; so does a training task that recorded
       its failure in model_dir (`exit_record`) and does not answer.
     clock, sleep: injected by tests.
+    progress: reads the training tasks' heartbeats (`training_progress(config)`): the wait for
+      the next epoch then times out only after `evaluator_timeout_secs` without progress of
+      any training task (a step, or a save of the chief's). None: elapsed time.
 
   Raises:
     ConfigError: this task's settings disagree with the chief's run record, or an epoch's
@@ -132,6 +145,7 @@ def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonit
       (naming each and its error).
   """
   model_dir, task = estimator.model_dir, config.task_name
+  progress_of_training = progress
   chief = config.worker_names[0]
   settings = config.settings
   start = clock()
@@ -141,14 +155,20 @@ def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonit
     """found()'s first non-None value, polled every 0.5 s for at most `limit` seconds."""
     logging.info("%s waiting for %s in %s", task, what, model_dir)
     waited_from, next_log = clock(), clock() + settings.log_every_secs
+    watch = progress_of_training and heartbeat.ProgressWatch(progress_of_training,
+                                                             config.worker_names, clock)
+    everyone = range(len(config.worker_names))
     value = found()
-    while value is None and clock() - waited_from < limit:
+    while value is None and clock() - (watch.moved_at if watch else waited_from) < limit:
+      if watch:
+        watch.observe(everyone)
       if clock() >= next_log:
         next_log = clock() + settings.log_every_secs
         waited = clock() - waited_from
-        level = logging.WARNING if waited > settings.warn_after_secs else logging.INFO
-        logging.log(level, "%s still waiting for %s after %.0f s: %s", task, what, waited,
-                    progress())
+        stalled = clock() - watch.moved_at if watch else waited
+        level = logging.WARNING if stalled > settings.warn_after_secs else logging.INFO
+        logging.log(level, "%s still waiting for %s after %.0f s: %s%s", task, what, waited,
+                    progress(), f"; {watch.describe(everyone)}" if watch else "")
       if liveness is not None:
         try:
           liveness.check([chief], f"for {what}")
@@ -171,9 +191,11 @@ def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonit
       sleep(_POLL_SECS)
       value = found()
     if value is None:
-      message = (f"{task} timed out after {clock() - waited_from:.0f} s (limit {limit:g} s) "
-                 f"waiting for {what} in {model_dir}: {progress()}; missing {chief} (check its "
-                 f"log, that every task has the same model_dir, or raise {flag})")
+      quiet = f", the last {limit:g} s without progress of the training tasks," if watch else ""
+      detail = f"; {watch.describe(everyone)}" if watch else ""
+      message = (f"{task} timed out after {clock() - waited_from:.0f} s{quiet} (limit {limit:g} s) "
+                 f"waiting for {what} in {model_dir}: {progress()}{detail}; missing {chief} (check "
+                 f"its log, that every task has the same model_dir, or raise {flag})")
       logging.error(message)
       raise EvaluatorTimeoutError(message, [chief])
     return value

@@ -188,7 +188,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
       release of the workers (always on in local mode; default: on iff `early_stopping`).
     early_stopping: `EarlyStopping` rule (needs in-loop evaluation).
     evaluator_timeout_secs: `float` longest wait of the evaluator task for the next epoch's
-      checkpoint; set it above your longest epoch.
+      checkpoint while no training task makes progress (an epoch may last longer).
     **run_config_kwargs: any other `tf.estimator.RunConfig` argument; `save_checkpoints_secs`/
       `_steps` set the mid-epoch checkpoints' period (neither given: the settings', 600 s;
       `save_checkpoints_secs=None` or 0: none).

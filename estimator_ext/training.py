@@ -161,7 +161,8 @@ def train_and_evaluate(estimator: tf.estimator.Estimator, train_spec: tf.estimat
     return None
   if config.task_name == "evaluator:0":
     evaluator_lib.run_evaluator(estimator, eval_spec, config,
-                                liveness=evaluator_lib.chief_monitor(config))
+                                liveness=evaluator_lib.chief_monitor(config),
+                                progress=evaluator_lib.training_progress(config))
     return _results(estimator, eval_spec, config.task_name, {})
   if config.is_local:
     return _train(estimator, train_spec, eval_spec, config)

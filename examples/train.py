@@ -18,7 +18,7 @@ import json
 import os
 import re
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -128,10 +128,12 @@ class _StartupTimes(_v1.train.SessionRunHook):
 
 
 def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] = (
-    lambda config, epoch_input: [])) -> Optional[dict]:
+    lambda config, epoch_input: []),
+          listeners: Sequence[_v1.train.CheckpointSaverListener] = ()) -> Optional[dict]:
   """Runs this task: trains every epoch (chief, worker), serves (ps) or evaluates (evaluator).
 
-  `extra_hooks(config, epoch_input)` may add hooks (tests use it to inject faults).
+  `extra_hooks(config, epoch_input)` may add hooks (tests use it to inject faults);
+  `listeners` go around the chief's epoch checkpoints.
   Returns a training task's summary (also written to <model_dir>/summary-<task>.json).
   """
   _v1.disable_v2_behavior()
@@ -171,7 +173,7 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] =
       master=server.target, is_chief=config.is_chief, checkpoint_dir=model_dir,
       scaffold=scaffold, hooks=[_StartupTimes(times)] + extra_hooks(config, epoch_input),
       save_summaries_steps=_SUMMARY_STEPS.value, log_step_count_steps=_SUMMARY_STEPS.value,
-      epoch_input=epoch_input, settings=settings, cluster=config,
+      epoch_input=epoch_input, settings=settings, cluster=config, listeners=listeners,
       sync_optimizer=optimizer if settings.sync else None,
       poll_secs=_WORKER_POLL_SECS.value) as sess:
     while not sess.should_stop():

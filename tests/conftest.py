@@ -28,7 +28,7 @@ HOOKS_CLUSTER_TESTS = tuple(f"tests/{name}" for name in (
     "test_local_cluster.py::*", "test_migration.py::*", "test_restarts.py::*",
     "test_security.py::*", "test_sync_optimizer.py::*", "test_tokens.py::*",
     "test_healthy_logs.py::*", "test_sparse_cluster.py::*", "test_mid_epoch_cluster.py::*",
-    "test_faults_stock_session.py::*", "test_log.py::*",
+    "test_faults_stock_session.py::*", "test_log.py::*", "test_progress_waits.py::*",
     "test_matrix.py::test_draws_*", "test_matrix.py::*[[]seed[0-3]-*"))
 
 

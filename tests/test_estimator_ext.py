@@ -505,7 +505,7 @@ def evaluator(monkeypatch, tmp_path):
   estimator.exporter = _Exporter()
   spec = tf.estimator.EvalSpec(lambda: None, steps=None, exporters=[estimator.exporter])
 
-  def run(num_epochs, write_record=True, liveness=None, **kwargs):
+  def run(num_epochs, write_record=True, liveness=None, progress=None, **kwargs):
     set_tf_config(monkeypatch, "chief")
     chief = estimator_ext.EpochSyncRunConfig(model_dir, num_epochs=num_epochs)
     if write_record:
@@ -515,7 +515,7 @@ def evaluator(monkeypatch, tmp_path):
     assert evaluator_lib.chief_monitor(config).addresses == {
         "chief:0": "localhost:1", "worker:0": "localhost:2", "worker:1": "localhost:3"}
     return evaluator_lib.run_evaluator(estimator, spec, config, liveness=liveness, clock=clock,
-                                       sleep=clock.sleep)
+                                       sleep=clock.sleep, progress=progress)
   return run, estimator, clock
 
 
@@ -553,6 +553,37 @@ class TestEvaluatorLoop:
       run(2, evaluator_timeout_secs=5)
     assert e.value.missing == ("chief:0",) and estimator.evaluated == ["model.ckpt-epoch0000-10"]
     assert 105.0 <= clock.now <= 106.0
+
+  @staticmethod
+  def _training(clock, until, then=lambda: None):
+    """A heartbeat reader: worker:1 takes a step every fake second until `until`, then `then()`."""
+    def read():
+      rows = np.zeros([3, 5], np.int64)
+      rows[:, 0] = int(clock.now)  # beats
+      rows[2, 2] = int(min(clock.now, until))  # worker:1's batch
+      if clock.now >= until:
+        then()
+      return rows
+    return read
+
+  def test_waits_past_its_timeout_while_training_makes_progress(self, evaluator, tmp_path):
+    run, estimator, clock = evaluator
+    _chief_wrote(str(tmp_path), [0])
+    # Epoch 1 lasts 40 s; its checkpoint comes at 140 s. The timeout is 5 s.
+    lines = run(2, evaluator_timeout_secs=5, progress=self._training(
+        clock, 140, lambda: _chief_wrote(str(tmp_path), [0, 1])))
+    assert [l["epoch"] for l in lines] == [0, 1] and 140 <= clock.now < 142
+
+  def test_times_out_once_training_makes_no_progress(self, evaluator, tmp_path):
+    run, _, clock = evaluator
+    _chief_wrote(str(tmp_path), [0])
+    with pytest.raises(estimator_ext.EvaluatorTimeoutError, match=(
+        r"evaluator:0 timed out after 2\d s, the last 5 s without progress of the training "
+        r"tasks, \(limit 5 s\) waiting for epoch 1's checkpoint .*: chief:0 saved epochs \[0\]; "
+        r"chief:0 epoch 0 batch 0, 0.0 batches/s; .*worker:1 epoch 0 batch 120, .*; missing "
+        r"chief:0")):
+      run(2, evaluator_timeout_secs=5, progress=self._training(clock, 120))
+    assert 125 <= clock.now < 127
 
   def test_a_chief_that_dies_is_named_within_seconds(self, evaluator, tmp_path):
     from hooks.errors import TaskDiedError

@@ -17,6 +17,7 @@ from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
+from hooks.faults import heartbeat
 from hooks import log as logging
 from hooks.config import preflight
 from hooks.epoch.barrier import EpochBarrierHook
@@ -138,6 +139,10 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
     return self._saver
 
   def _save(self, session, epoch: int, arrivals) -> Dict[str, object]:
+    with heartbeat.busy("saving"):  # The waiting workers see progress, however long it takes.
+      return self._save_now(session, epoch, arrivals)
+
+  def _save_now(self, session, epoch: int, arrivals) -> Dict[str, object]:
     self._graph_written()
     step = int(session.run(self._global_step))
     for listener in self._listeners:

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from hooks.epoch import audit as audit_lib
 from hooks import graph_keys
+from hooks.faults import heartbeat
 from hooks import log as logging
 from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError
@@ -214,7 +215,9 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
                 if epoch == self._resumed_epoch else self._attempt, self._attempt]
     step = int(session.run(self._set_position, {self._position: position},
                            options=run_options(_TIMEOUT_SECS)))
-    with self._graph.as_default():  # A new thread is eager (TF2 behaviour); Saver needs graph.
+    # A new thread is eager (TF2 behaviour); Saver needs graph. busy: the steps waiting for
+    # this save (synchronous: the chief saves between two aggregations) see progress.
+    with self._graph.as_default(), heartbeat.busy("saving"):
       path = self._get_saver().save(
           session, os.path.join(mid_epoch_dir(self._dir), f"{self._basename}-epoch{epoch:04d}"),
           global_step=step, write_meta_graph=False)

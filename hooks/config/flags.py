@@ -76,16 +76,20 @@ NUM_EPOCHS = flags.DEFINE_integer(
     "whole shard once per epoch.", lower_bound=1)
 BARRIER_TIMEOUT_SECS = _define_secs(
     "epochsync_barrier_timeout_secs", _DEFAULTS.barrier_timeout_secs,
-    "Seconds a task waits at an epoch barrier for the others before raising.")
+    "Seconds a task waits at an epoch barrier while the tasks it waits for make no progress (no "
+    "step; a save of the chief counts as progress) before raising; an epoch may last longer.")
 STARTUP_TIMEOUT_SECS = _define_secs(
     "epochsync_startup_timeout_secs", _DEFAULTS.startup_timeout_secs,
-    "Seconds a task waits for every other task to come up before raising.")
+    "Seconds a task waits for every other task to come up before raising (at the start barrier: "
+    "seconds without progress of the tasks it waits for).")
 STEP_TIMEOUT_SECS = _define_secs(
     "epochsync_step_timeout_secs", _DEFAULTS.step_timeout_secs,
-    "Seconds one synchronous step may wait for gradients or its token before raising.")
+    "Seconds one synchronous step may wait for gradients or its token while no task makes "
+    "progress (a save of the chief counts as progress) before raising.")
 WARN_AFTER_SECS = _define_secs(
     "epochsync_warn_after_secs", _DEFAULTS.warn_after_secs,
-    "A wait longer than this logs a WARNING naming the missing tasks; must be below "
+    "A wait whose tasks made no progress for longer than this logs a WARNING naming them; "
+    "must be below "
     "--epochsync_barrier_timeout_secs.")
 LOG_EVERY_SECS = _define_secs(
     "epochsync_log_every_secs", _DEFAULTS.log_every_secs,

@@ -27,11 +27,12 @@ from hooks.epoch import audit as audit_lib
 from hooks.epoch import barrier_graph
 from hooks import log as logging
 from hooks.config.cluster import worker_problems
+from hooks.faults.heartbeat import Heartbeat, ProgressWatch
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.config.settings import MIN_LOG_EVERY_SECS
 from hooks.errors import BarrierTimeoutError, ConfigError, EpochSyncError, TaskDiedError
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
-from hooks.faults.waiting import BackgroundRun, run_options
+from hooks.faults.waiting import MAX_WAIT_SECS, BackgroundRun, run_options
 
 __all__ = ["EpochBarrierHook", "ChiefAction"]
 
@@ -41,6 +42,7 @@ _REFUSED = barrier_graph.REFUSED  # ... or that the chief refused the tasks' set
 _RPC_TIMEOUT_SECS = 60.0  # Runs that cannot block: generous, a busy ps must not fail them.
 _READ_TIMEOUT_SECS = 5.0  # The read of who arrived, for a log line or an error message.
 _ABORT_GRACE_SECS = 2.0  # A worker outwaits its deadline by this much for the chief's abort.
+_POLL_SECS = 1.0  # How often a wait reads who arrived and how far the others are.
 
 # fn(session, epoch, arrivals by task name) -> fields for the audit line
 ChiefAction = Callable[[object, int, Dict[str, EpochStats]], Dict[str, object]]
@@ -63,8 +65,9 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     num_workers: `int`, training tasks (chief + workers).
     worker_id: `int`, this task's index in `worker_names`; 0 is the chief.
     worker_names: task names by worker id, e.g. ("chief:0", "worker:0"); for messages.
-    timeout_secs: `float`, deadline of an end-of-epoch barrier.
-    startup_timeout_secs: `float`, deadline of the start barrier (every worker up).
+    timeout_secs: `float`, how long an end-of-epoch barrier waits while the tasks it waits
+      for make no progress (no new batch; a save of the chief counts as progress).
+    startup_timeout_secs: `float`, the same at the start barrier (every worker up).
     warn_after_secs: `float`, waits longer than this log WARNING instead of INFO.
     log_every_secs: `float`, period of the "still missing" lines while waiting.
     audit_dir: where the chief appends `epochsync_epochs.jsonl`; None disables it.
@@ -108,6 +111,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self._audit = audit_lib.EpochAudit(audit_dir) if audit_dir and self.is_chief else None
     self._ps_device = ps_device
     self._liveness = liveness
+    self._heartbeat = Heartbeat(epoch_input, num_workers, worker_id, ps_device)
+    self._watch: Optional[ProgressWatch] = None
     self._chief_actions: List[ChiefAction] = []
     epoch_input.add_listener(self)
 
@@ -120,6 +125,13 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                               self._ps_device)
     for field in dataclasses.fields(ops):  # self._seq, self._gather, ... as the runs use them
       setattr(self, "_" + field.name, getattr(ops, field.name))
+    self._heartbeat.build()
+
+  def after_create_session(self, session, coord):
+    self._heartbeat.start(session)  # Before the start barrier: the others see this task come.
+
+  def end(self, session):
+    self._heartbeat.stop()
 
   # --- EpochListener -------------------------------------------------------------------
 
@@ -136,6 +148,13 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   # --- the barrier ---------------------------------------------------------------------
 
   def _sync(self, session, barrier: str, seq: int, stats: EpochStats, timeout: float):
+    try:
+      self._sync_now(session, barrier, seq, stats, timeout)
+    except BaseException:  # The session fails now (end() is not called): stop beating.
+      self._heartbeat.stop()
+      raise
+
+  def _sync_now(self, session, barrier: str, seq: int, stats: EpochStats, timeout: float):
     wait = _Wait(barrier, seq, stats.epoch, time.monotonic(), timeout)
     logging.info("%s waiting at %s, epoch %d", self.task_name, barrier, stats.epoch)
     if self.is_chief:
@@ -167,7 +186,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                          wait.deadline,
                          feed_dict={self._seq: wait.seq, self._new_completed: completed,
                                     self._zero: 0},
-                         name=f"epochsync-barrier-{wait.barrier}")
+                         name=f"epochsync-barrier-{wait.barrier}", run_timeout_secs=MAX_WAIT_SECS)
     if not self._wait(session, call, wait):
       self._abort(session)
       self._fail(wait, self._missing(session, wait.seq))
@@ -235,7 +254,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                          feed_dict={self._seq: wait.seq,
                                     self._stats: [stats.batches, stats.examples],
                                     self._times: [stats.started_at, stats.ended_at]},
-                         name=f"epochsync-barrier-{wait.barrier}")
+                         name=f"epochsync-barrier-{wait.barrier}", run_timeout_secs=MAX_WAIT_SECS)
     if not self._wait(session, call, wait):
       self._fail(wait, self._missing(session, wait.seq))
     got = self._result(call, wait)
@@ -257,10 +276,12 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   def _wait(self, session, call: BackgroundRun, wait: "_Wait") -> bool:
     """Waits for `call`, logging who is missing every log period; False at the deadline.
 
-    With a liveness monitor it also probes the tasks it waits for every second; a dead one
-    ends the wait with TaskDiedError (the chief first releases the others with an abort).
+    Every second it reads who arrived and how far the tasks it waits for are (the missing
+    ones; a worker also the chief, which saves before it releases): whenever one of them moved
+    the deadline moves to `timeout` after that. With a liveness monitor it also probes them;
+    a dead one ends the wait with TaskDiedError (the chief first releases the others).
     """
-    tick = self._log_every_secs
+    tick = min(self._log_every_secs, _POLL_SECS)
     peers: List[str] = []
     if self._liveness:
       tick = min(tick, self._liveness.period_secs)
@@ -269,6 +290,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
           self.worker_names[0]]
       peers = [n for n in peers + ps if n in self._liveness.addresses]
     next_log = self._log_every_secs
+    watch = self._watch = ProgressWatch(self._heartbeat.reader(session), self.worker_names)
+    grace = 0.0 if self.is_chief else _ABORT_GRACE_SECS
 
     def on_tick(waited: float) -> None:
       nonlocal next_log
@@ -279,12 +302,24 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
           if self.is_chief:
             self._abort(session)
           raise
+      missing = self._missing(session, wait.seq)
+      awaited = self._awaited(missing)
+      stalled = watch.observe(awaited)
+      call.extend(time.monotonic() - stalled + wait.timeout + grace)
       if waited >= next_log:
         next_log = waited + self._log_every_secs
-        level = logging.WARNING if waited > self._warn_after_secs else logging.INFO
-        logging.log(level, "%s still waiting at %s, epoch %d, after %.0f s: %s", self.task_name,
-                    wait.barrier, wait.epoch, waited, self._who(self._missing(session, wait.seq)))
+        level = logging.WARNING if stalled > self._warn_after_secs else logging.INFO
+        logging.log(level, "%s still waiting at %s, epoch %d, after %.0f s (%.0f s without "
+                    "progress): %s; %s", self.task_name, wait.barrier, wait.epoch, waited,
+                    stalled, self._who(missing), watch.describe(awaited))
     return call.wait_until_deadline(tick, on_tick)
+
+  def _awaited(self, missing: Optional[List[str]]) -> List[int]:
+    """The worker ids this wait depends on: the missing ones, and for a worker the chief."""
+    names = list(missing or [])
+    if not self.is_chief and self.worker_names[0] not in names:
+      names.append(self.worker_names[0])
+    return [self.worker_names.index(n) for n in names if n != self.task_name]
 
   def _result(self, call: BackgroundRun, wait: "_Wait"):
     """The call's value; a lost session (UNAVAILABLE, ABORTED) becomes an error of ours."""
@@ -313,14 +348,17 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   def _fail(self, wait: "_Wait", missing: Optional[List[str]], why: str = ""):
     flag = ("--epochsync_startup_timeout_secs" if wait.barrier == "start"
             else "--epochsync_barrier_timeout_secs")
+    named = self._watch.stuck if self._watch is not None else list  # + their last step
     if missing:
-      who = f"{self._who(missing)} (check their logs or raise {flag})"
+      who = (f"{self.num_workers - len(missing)}/{self.num_workers} arrived; missing "
+             f"{', '.join(named(missing))} (check their logs or raise {flag})")
     elif missing is None:
       who = self._who(missing)
     else:
-      who = (f"{self.num_workers}/{self.num_workers} arrived; {self.worker_names[0]} did not "
-             "release them (check its log)")
-    message = (f'barrier "{wait.barrier}" timed out after {time.monotonic() - wait.start:.0f} s '
+      who = (f"{self.num_workers}/{self.num_workers} arrived; "
+             f"{named([self.worker_names[0]])[0]} did not release them (check its log)")
+    message = (f'barrier "{wait.barrier}" timed out after {time.monotonic() - wait.start:.0f} s, '
+               f"the last {wait.timeout:g} s without progress of the tasks it waits for "
                f"(limit {wait.timeout:g} s) in epoch {wait.epoch} on {self.task_name}: {why}{who}")
     logging.error(message)
     raise BarrierTimeoutError(message, missing or ())

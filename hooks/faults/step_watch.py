@@ -39,6 +39,12 @@ class StepWatch:
     with self._lock:
       self._started, self._next_warn = self._clock(), None
 
+  def touch(self) -> None:
+    """The tasks the running step waits for made progress: its clock restarts from now."""
+    with self._lock:
+      if self._started is not None:
+        self._started, self._next_warn = self._clock(), None
+
   def finish(self) -> None:
     with self._lock:
       self._started = None

@@ -20,11 +20,14 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["BackgroundRun", "GRACE_SECS", "run_options"]
+__all__ = ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options"]
 
 # A background call's own run deadline comes this long after the caller's deadline, so the
 # caller always gives up first and only an abandoned call is ever cancelled.
 GRACE_SECS = 5.0
+# The own deadline of a blocking run whose wait is bounded by the progress of the tasks it
+# waits for (hooks.faults.heartbeat) instead: the waiting task gives up earlier, when they stall.
+MAX_WAIT_SECS = 7 * 24 * 3600.0
 
 
 def run_options(timeout_secs: float) -> tf.compat.v1.RunOptions:
@@ -47,16 +50,20 @@ class BackgroundRun:
     grace_secs: `float`, the run's own deadline is `deadline + grace_secs`.
     clock: `Callable[[], float]`, monotonic seconds (tests inject one).
     name: `str`, the thread's name.
+    run_timeout_secs: `float`, the run's own deadline from now when the caller may move its
+      deadline later (`extend`); default: `deadline + grace_secs`.
   """
 
   def __init__(self, session, fetches: Any, deadline: float, feed_dict=None,
                grace_secs: float = GRACE_SECS, clock: Callable[[], float] = time.monotonic,
-               name: str = "epochsync-wait"):
+               name: str = "epochsync-wait", run_timeout_secs: Optional[float] = None):
     self._clock, self._deadline = clock, deadline
     self._done = threading.Event()
     self._value: Any = None
     self._error: Optional[BaseException] = None
-    options = run_options(max(0.0, deadline - clock()) + grace_secs)
+    if run_timeout_secs is None:
+      run_timeout_secs = max(0.0, deadline - clock()) + grace_secs
+    options = run_options(run_timeout_secs)
     self._thread = threading.Thread(
         target=self._run, args=(session, fetches, feed_dict, options), daemon=True, name=name)
     self._thread.start()
@@ -68,6 +75,10 @@ class BackgroundRun:
       self._error = e
     finally:
       self._done.set()
+
+  def extend(self, deadline: float) -> None:
+    """Moves the caller's deadline (e.g. while the tasks it waits for make progress)."""
+    self._deadline = deadline
 
   @property
   def done(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from hooks.faults import heartbeat
 from hooks import log as logging
 from hooks.errors import ConfigError, StepTimeoutError, TaskDiedError
 from hooks.epoch import run_start
@@ -21,12 +22,12 @@ from hooks.sync import arguments as sync_args
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
 from hooks.faults.step_diagnostics import describe_step
 from hooks.faults.step_watch import StepWatch
-from hooks.faults.waiting import run_options
+from hooks.faults.waiting import MAX_WAIT_SECS, run_options
 
 __all__ = ["SafeSyncTokensHook"]
 
 _v1 = tf.compat.v1
-_RUN_GRACE_SECS = 2.0  # A step's run deadline comes this long after the watchdog's named error.
+_PROGRESS_AFTER_SECS = 1.0  # A step that waited this long reads the others' heartbeats.
 _READ_TIMEOUT_SECS = 2.0  # Bound of the watchdog's progress read and of closing the marker queue.
 _JOIN_SECS = 10.0
 
@@ -104,8 +105,10 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       raise ConfigError("SafeSyncTokensHook needs the optimizer's train_op: call opt.minimize() or "
                         "opt.apply_gradients(..., global_step) before creating the session")
     self._train_names = {self._ops.train_op.name, self._ops.train_op.op.name}
-    self._step_args = _v1.train.SessionRunArgs(
-        None, options=run_options(self._step.timeout_secs + _RUN_GRACE_SECS))
+    # The watchdog bounds a step (by the others' progress) and ends it with an ABORT token; the
+    # run's own deadline only backs it up: a save of the chief's may stall a step for long.
+    self._step_args = _v1.train.SessionRunArgs(None, options=run_options(MAX_WAIT_SECS))
+    self._heartbeat_rows = heartbeat.rows_op(len(self._names), self._ops.diagnostics[0].device)
 
   def after_create_session(self, session, coord) -> None:
     run_start.check_started("SafeSyncTokensHook")
@@ -203,11 +206,36 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
                                options=run_options(_READ_TIMEOUT_SECS))
     if self._liveness:
       tick = min(tick, self._liveness.period_secs / 2)
+    rows = lambda: session.run(self._heartbeat_rows, options=run_options(_READ_TIMEOUT_SECS))
+    watch: Optional[heartbeat.ProgressWatch] = None
     while not self._stopping.is_set() and not coord.wait_for_stop(tick):
-      self.check(coord, read)
+      watch = self._note_progress(watch, rows)
+      error = self.check(coord, read)
+      if error is not None:  # Ends the step blocked on its token (its run has no deadline).
+        self._stop_now(session, coord, error)
       self._check_liveness(session, coord)
     if self._is_chief and not self._stopping.is_set():  # A stop without end(): an error path.
       self._run_bounded(session, self._ops.stop_op, "send the STOP markers")
+
+  def _note_progress(self, watch: Optional[heartbeat.ProgressWatch], rows
+                     ) -> Optional[heartbeat.ProgressWatch]:
+    """Once a step has waited a second: when a task moved (e.g. the chief saves a mid-epoch
+    checkpoint between two aggregations), the step's clock restarts. Returns the watch."""
+    waited = self._step.waited()
+    if waited is None or waited < _PROGRESS_AFTER_SECS:
+      return None
+    def read():
+      try:
+        return rows()
+      except tf.errors.OpError:
+        return None
+    if watch is None:
+      return heartbeat.ProgressWatch(read, self._names)
+    moved_at = watch.moved_at
+    watch.observe(range(len(self._names)))
+    if watch.moved_at != moved_at:
+      self._step.touch()
+    return watch
 
   def _check_liveness(self, session, coord) -> None:
     """Once a step has waited a second: probe the tasks it depends on, stop if one died."""
@@ -236,17 +264,23 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     coord.request_stop((type(error), error, None))
     self._run_bounded(session, self._ops.abort_step_op, "end the blocked step")
 
-  def check(self, coord, read: Callable[[], Tuple[int, Sequence[int]]]) -> None:
-    """Warns about or times out the running step; `read` returns (global_step, progress)."""
+  def check(self, coord, read: Callable[[], Tuple[int, Sequence[int]]]
+            ) -> Optional[StepTimeoutError]:
+    """Warns about or times out the running step; `read` returns (global_step, progress).
+
+    The step's time counts from its start or the last progress of another task. Returns the
+    StepTimeoutError it stopped `coord` with, if it timed out.
+    """
     due = self._step.due()
     if due is None:
-      return
+      return None
     waited, timed_out = due
     step, summary, missing = describe_step(read, self._names)
     if not timed_out:
       logging.warning("%s has waited %.0f s for step %s: %s", self.task_name, waited, step, summary)
-      return
+      return None
     error = StepTimeoutError(f"step {step} timed out after {waited:.0f} s on {self.task_name}: "
                              f"{summary}", missing)
     logging.error("%s", error)
     coord.request_stop((StepTimeoutError, error, None))
+    return error

@@ -5,6 +5,9 @@
   --stall_worker=2 --stall_epoch=1  worker id 2 never reaches the barrier of epoch 1
   --chief_init_delay_secs=3         the chief creates its session (initialises) 3 s late, its
                                     server already up: every worker asks for the model first
+  --save_sleep_secs=20              each epoch checkpoint of the chief takes 20 s longer (a
+                                    CheckpointSaverListener sleeps in before_save)
+  --mid_epoch_save_sleep_secs=8     each mid-epoch checkpoint of the chief takes 8 s longer
 """
 
 import faulthandler
@@ -26,6 +29,30 @@ _STALL_WORKER = flags.DEFINE_integer("stall_worker", -1, "Worker id that stalls.
 _STALL_EPOCH = flags.DEFINE_integer("stall_epoch", 0, "Epoch at whose end it stalls.")
 _CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
                                    "The chief initialises the model this late.")
+_SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0,
+                                 "Each epoch checkpoint of the chief takes this much longer.")
+_MID_SAVE_SLEEP = flags.DEFINE_float(
+    "mid_epoch_save_sleep_secs", 0.0, "Each mid-epoch checkpoint of the chief takes this long more.")
+
+
+def _slow_mid_epoch_saves():
+  """Saver.save sleeps first when it writes a mid-epoch checkpoint."""
+  save = tf.compat.v1.train.Saver.save
+
+  def slow_save(self, sess, save_path, *args, **kwargs):
+    if "mid_epoch" in save_path:
+      print(f"slow mid-epoch save: sleeping {_MID_SAVE_SLEEP.value} s", flush=True)
+      time.sleep(_MID_SAVE_SLEEP.value)
+    return save(self, sess, save_path, *args, **kwargs)
+
+  tf.compat.v1.train.Saver.save = slow_save
+
+
+class _SlowSave(tf.compat.v1.train.CheckpointSaverListener):
+
+  def before_save(self, session, global_step_value):
+    print(f"slow save: sleeping {_SAVE_SLEEP.value} s before the save", flush=True)
+    time.sleep(_SAVE_SLEEP.value)
 
 
 class _SlowSteps(tf.compat.v1.train.SessionRunHook):
@@ -62,7 +89,9 @@ def _extra_hooks(config, epoch_input):
 def main(argv):
   del argv
   faulthandler.register(signal.SIGTERM, chain=True)  # a task killed at a deadline shows where
-  train.train(_extra_hooks)
+  if _MID_SAVE_SLEEP.value > 0:
+    _slow_mid_epoch_saves()
+  train.train(_extra_hooks, listeners=[_SlowSave()] if _SAVE_SLEEP.value > 0 else [])
 
 
 if __name__ == "__main__":
