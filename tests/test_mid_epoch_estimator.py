@@ -175,21 +175,25 @@ def test_local_mode_saves_mid_epoch_and_resumes_exactly(tmp_path):
                      "the resumed local job")
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=False, reason=(
     "known bug on the Estimator path: in 3 runs (load 20-30) the chief named worker:1 dead "
     "and then never exited (the restarted worker waited at the start barrier), or the "
     "restarted worker rejoined the running epoch unnoticed (audit attempt 1, global_step 16 "
     "instead of 8)"))
 @pytest.mark.timeout(900)
-def test_restart_policy_on_failure_restarts_pods_one_by_one_and_resumes_exactly(tmp_path):
+def test_restart_policy_on_failure_restarts_pods_one_by_one_and_resumes_exactly(tmp_path,
+                                                                              request):
   """What docs/quickstart-k8s.md recommends: a TFJob with restartPolicy OnFailure.
 
   A worker is SIGKILLed after a mid-epoch save and comes back at once at its address (the
   kubelet restarting its container); the ps tasks keep running with the old run's state; every
   task that then exits non-zero is restarted the same way (the test plays the operator). The
   job must end by itself with every shard counted once in the audit, resumed inside the epoch,
-  and every variable equal to an uninterrupted run's.
+  and every variable equal to an uninterrupted run's. It takes 7-10 minutes, so it runs with
+  the Estimator kill matrix (--estimator-kill-seeds=N), not in the default suite.
   """
+  if not request.config.getoption("--estimator-kill-seeds"):
+    pytest.skip("the Estimator OnFailure replay runs with --estimator-kill-seeds=N")
   oracle_dir, model_dir = str(tmp_path / "oracle"), str(tmp_path / "model")
   _job(tmp_path, "oracle", oracle_dir, timeout_secs=300).check()
   command = TASK + [f"--model_dir={model_dir}"]
