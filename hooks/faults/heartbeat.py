@@ -100,18 +100,36 @@ def remote_reader(ps_target: str, num_workers: int, ps_device: str = "/job:ps/ta
                   ) -> Callable[[], Optional[np.ndarray]]:
   """fn() -> every task's row, read over a session of its own to the ps at `ps_target`
   (`grpc://host:port`), for a task outside the training session (the evaluator); None when
-  the ps does not answer within 2 s."""
+  the ps does not answer within 2 s.
+
+  The first run also creates the session on the ps, an RPC no RunOptions deadline bounds (it
+  waits for a ps that is not up yet): each run goes on in a daemon thread, and read() waits
+  for it at most 2 s; while one is in flight no other starts.
+  """
   graph = tf.Graph()
   with graph.as_default():
     rows = rows_op(num_workers, ps_device)
   session = _v1.Session(ps_target, graph=graph,
                         config=_v1.ConfigProto(device_filters=[ps_device]))
+  in_flight: List[Dict[str, object]] = []
 
-  def read():
+  def run(box: Dict[str, object]) -> None:
     try:
-      return session.run(rows, options=run_options(_RUN_SECS))
+      box["rows"] = session.run(rows, options=run_options(_RUN_SECS))
     except tf.errors.OpError:
+      box["rows"] = None
+    finally:
+      box["done"].set()  # type: ignore[attr-defined]
+
+  def read() -> Optional[np.ndarray]:
+    if not in_flight:
+      box: Dict[str, object] = {"done": threading.Event()}
+      threading.Thread(target=run, args=(box,), daemon=True,
+                       name="epochsync-heartbeat-read").start()
+      in_flight.append(box)
+    if not in_flight[0]["done"].wait(_RUN_SECS):  # type: ignore[attr-defined]
       return None
+    return in_flight.pop()["rows"]  # type: ignore[return-value]
   return read
 
 
