@@ -63,6 +63,34 @@ def _hook(clock=None, worker_id=1, build=True, **kwargs):
   return hook, opt
 
 
+class _AbortSession:
+  """A session whose ABORT-token run succeeds or, as with a frozen ps, fails at its deadline."""
+
+  def __init__(self, ps_answers: bool):
+    self.ps_answers, self.runs = ps_answers, []
+
+  def run(self, fetches, options=None):
+    import tensorflow as tf
+    self.runs.append(fetches)
+    if not self.ps_answers:
+      raise tf.errors.DeadlineExceededError(None, None, "Timed out waiting for notification")
+
+
+@pytest.mark.parametrize("ps_answers", [True, False])
+def test_a_stop_whose_abort_token_cannot_be_delivered_ends_the_process(monkeypatch, ps_answers):
+  """A frozen ps cannot take the ABORT token that ends the blocked step (whose run has only a
+  7-day backstop): the process then ends itself 10 s later instead of hanging."""
+  from hooks.faults import process_exit
+  exits = []
+  monkeypatch.setattr(process_exit, "exit_after", exits.append)
+  hook, opt = _hook()
+  session, coord = _AbortSession(ps_answers), _Coord()
+  error = StepTimeoutError("step 3 timed out after 30 s on worker:1: ...", ["worker:0"])
+  hook._stop_now(session, coord, error)  # pylint: disable=protected-access
+  assert session.runs == [opt.sync_ops.abort_step_op] and coord.requests[0][1] is error
+  assert exits == ([] if ps_answers else [10.0])
+
+
 def _start_step(hook, fetches):
   import tensorflow as tf
   v1 = tf.compat.v1

@@ -15,6 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from hooks.faults import heartbeat
+from hooks.faults import process_exit
 from hooks import log as logging
 from hooks.errors import ConfigError, StepTimeoutError, TaskDiedError
 from hooks.epoch import run_start
@@ -30,6 +31,7 @@ _v1 = tf.compat.v1
 _PROGRESS_AFTER_SECS = 1.0  # A step that waited this long reads the others' heartbeats.
 _READ_TIMEOUT_SECS = 2.0  # Bound of the watchdog's progress read and of closing the marker queue.
 _JOIN_SECS = 10.0
+_EXIT_GRACE_SECS = 10.0  # After a stop whose ABORT token could not be delivered.
 
 
 class SafeSyncTokensHook(_v1.train.SessionRunHook):
@@ -158,11 +160,13 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
         logging.warning("%s: thread %s did not stop within %.0f s", self.task_name, thread.name,
                         _JOIN_SECS)
 
-  def _run_bounded(self, session, op, what: str) -> None:
+  def _run_bounded(self, session, op, what: str) -> bool:
     try:
       session.run(op, options=run_options(_READ_TIMEOUT_SECS))
+      return True
     except tf.errors.OpError as e:
       logging.warning("%s: could not %s: %s", self.task_name, what, e.message)
+      return False
 
   def _aggregate(self, session, coord) -> None:
     """Chief thread: one aggregate_op per step until the marker queue is closed."""
@@ -262,7 +266,12 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     """
     self._stop_error = error
     coord.request_stop((type(error), error, None))
-    self._run_bounded(session, self._ops.abort_step_op, "end the blocked step")
+    if not self._run_bounded(session, self._ops.abort_step_op, "end the blocked step"):
+      # The token queue's ps does not answer (frozen, partitioned): nothing can end the step's
+      # run before its 7-day backstop, so the process ends instead of hanging.
+      logging.error("%s: %s; the step's ps does not take the ABORT token, so this process ends "
+                    "in %.0f s (exit status 1)", self.task_name, error, _EXIT_GRACE_SECS)
+      process_exit.exit_after(_EXIT_GRACE_SECS)
 
   def check(self, coord, read: Callable[[], Tuple[int, Sequence[int]]]
             ) -> Optional[StepTimeoutError]:
