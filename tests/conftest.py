@@ -15,7 +15,7 @@ if ROOT not in sys.path:
 # process or in their tasks) and the `estimator` marker for single tests elsewhere: skipped,
 # with the reason in the -rs summary, where estimator_ext cannot work (TensorFlow 2.16+, e.g.
 # ./es test --tf=2.21). Anywhere else they run, and an import error in them fails as usual.
-ESTIMATOR_TEST_FILES = ("test_estimator_*.py", "test_warm_start.py",
+ESTIMATOR_TEST_FILES = ("test_estimator_*.py", "test_warm_start.py", "test_canned_optimizers.py",
                         "test_mid_epoch_estimator.py")
 
 # The hooks half's cluster tests, marked `hooks_cluster`: CI runs them on TensorFlow 2.21 as
