@@ -29,7 +29,7 @@ class _BlockingSession:
 
 
 def test_exports():
-  assert waiting.__all__ == ["BackgroundRun", "GRACE_SECS", "run_options"]
+  assert waiting.__all__ == ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options"]
 
 
 def test_run_options_never_below_one_millisecond():
