@@ -31,7 +31,7 @@ from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 
 _SESSION = flags.DEFINE_enum("session", "mts", list(stock_sessions.KINDS),
                              "TensorFlow's session (tests/tasks/stock_sessions.py).")
-_SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0, "The chief's save sleeps this long.")
+_SAVE_SLEEP = epoch_task._SAVE_SLEEP  # pylint: disable=protected-access; --save_sleep_secs
 _WAIT_FOR_CHIEF = flags.DEFINE_bool("wait_for_chief", True, "Workers create their session "
                                     "after the chief has one.")
 _v1 = tf.compat.v1
