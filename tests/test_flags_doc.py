@@ -1,7 +1,6 @@
 """docs/flags.md's table is generated from hooks/config/flags.py and must be up to date."""
 
 from absl import flags
-import pytest
 
 from hooks.config import flags as flags_lib
 from hooks.config import flags_doc
@@ -40,21 +39,3 @@ def test_render_replaces_only_the_generated_part():
   out = flags_doc.render(doc)
   assert out.startswith("intro\n") and out.endswith("\noutro\n") and "stale" not in out
   assert flags_doc.flags_table() in out
-
-
-@pytest.mark.estimator
-def test_the_documented_estimator_form_reads_the_variables_without_absl_parsing(monkeypatch):
-  """docs/flags.md's code block (EpochSyncRunConfig with settings_from_flags()) applies the
-  EPOCHSYNC_* variables in a program that never parses absl flags."""
-  monkeypatch.setenv("EPOCHSYNC_NUM_EPOCHS", "2")
-  monkeypatch.setenv("EPOCHSYNC_SYNC", "false")
-  monkeypatch.delenv("TF_CONFIG", raising=False)
-  assert not flags.FLAGS.is_parsed()
-  with open(flags_doc.DOC_PATH) as f:
-    block = f.read().split("```python\n", 1)[1].split("```", 1)[0]
-  assert "settings=epochsync_flags.settings_from_flags()" in block, block
-  namespace = {"estimator_ext": pytest.importorskip("estimator_ext"),
-               "model_dir": "/tmp/epochsync-flags-doc"}
-  exec(block, namespace)  # pylint: disable=exec-used; the documented lines, as written
-  settings = namespace["config"].settings
-  assert (settings.num_epochs, settings.sync) == (2, False)
