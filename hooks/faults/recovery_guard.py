@@ -27,6 +27,7 @@ import tensorflow as tf
 from hooks import log as logging
 from hooks.errors import EpochSyncError, StartupTimeoutError
 from hooks.faults.liveness import LivenessMonitor
+from hooks.faults.waiting import run_options
 from hooks.faults.lost_session import describe_lost_session, lost_session_log
 from hooks.faults.process_exit import exit_after, exit_process, where
 from hooks.faults.step_retry import retry_duplicate_steps
@@ -36,7 +37,7 @@ __all__ = ["RecoveryGuardHook", "GRACE_SECS", "EXIT_STATUS"]
 GRACE_SECS = 2.0  # After a death is found, the session's thread has this long to end by itself.
 EXIT_STATUS = 1
 _POLL_SECS = 0.1
-_READ_STEP_TIMEOUT_MS = 2000  # the global step read for the lost session's WARNING
+_READ_STEP_TIMEOUT_SECS = 2.0  # the global step read for the lost session's WARNING
 _RECREATED = "when TensorFlow's MonitoredSession re-created its lost session"
 _GUARDS: "weakref.WeakSet[RecoveryGuardHook]" = weakref.WeakSet()  # armed by a MonitoredSession
 _SPINNING = ("in TensorFlow's session recovery (MonitoredSession re-creating or closing its "
@@ -118,8 +119,7 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
     if self._global_step is None:
       return None
     try:
-      options = tf.compat.v1.RunOptions(timeout_in_ms=_READ_STEP_TIMEOUT_MS)
-      return int(session.run(self._global_step, options=options))
+      return int(session.run(self._global_step, options=run_options(_READ_STEP_TIMEOUT_SECS)))
     except Exception:  # pylint: disable=broad-except
       return None
 
