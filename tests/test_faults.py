@@ -155,8 +155,9 @@ def test_a_5x_slower_worker_is_waited_for_and_named_without_a_false_alarm(tmp_pa
       assert re.search(pattern, log), result.tasks[fast].tail(30)
     else:
       for epoch in (0, 1):
-        pattern = (rf"{fast} still waiting at epoch_end, epoch {epoch}, after \d+ s: 2/3 "
-                   r"arrived; missing worker:2$")
+        pattern = (rf"{fast} still waiting at epoch_end, epoch {epoch}, after \d+ s "
+                   r"\(\d+ s without progress\): 2/3 arrived; missing worker:2; "
+                   rf"worker:2 epoch {epoch} batch \d+")
         assert re.search(pattern, log, re.MULTILINE), result.tasks[fast].tail(30)
   if sync:
     assert_equals_oracle(audit[-1]["checkpoint"], "linear", shards, 2)
