@@ -7,7 +7,6 @@ Typical usage:
     while not sess.should_stop(): sess.run(train_op)
 """
 
-import sys
 import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -199,9 +198,9 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError)):
         error = explain_lost_session(e, self._liveness, self.task_name,
                                      self._where("while aggregating the gradients"))
-        self._stop_now(session, coord, error)
       else:
-        coord.request_stop(sys.exc_info())
+        error = e
+      self._stop_now(session, coord, error)  # This task's own step waits for a token.
 
   def _watch(self, session, coord) -> None:
     """Every task's watchdog thread; it ends with the session (end() or a coordinator stop)."""
