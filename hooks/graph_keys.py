@@ -8,7 +8,8 @@ Typical usage:
   # WorkerDoneHook runs every op in DONE_OPS once per epoch, when this worker's shard ends.
 """
 
-__all__ = ["DONE_OPS", "EPOCH_START_OPS", "RESET_OPS", "STATE_VARIABLES", "SYNC_TRAIN_OPS"]
+__all__ = ["DONE_OPS", "EPOCH_START_OPS", "GATED_TASKS", "RESET_OPS", "STATE_VARIABLES",
+           "STEP_START_OPS", "SYNC_TRAIN_OPS"]
 
 # Ops each worker runs once per epoch right after its shard for the epoch is exhausted
 # (immediately at epoch start for an empty shard), before it arrives at the epoch barrier.
@@ -31,3 +32,13 @@ STATE_VARIABLES = "epochsync_state_variables"
 # The train_op of every WorkerDoneSyncReplicasOptimizer in the graph: EpochInput.hook refuses a
 # session that runs one without its SafeSyncTokensHook (the step would wait forever).
 SYNC_TRAIN_OPS = "epochsync_sync_train_ops"
+
+# Stateful ops of a training step that do not wait for the step's batch by themselves (e.g. the
+# sync optimizer's GRAD marker, sent before the gradients): EpochInput makes each wait for its
+# input read, which waits for every ps (hooks.data.step_gate), so a step that TensorFlow
+# rejected on any task ran none of them and can run again.
+STEP_START_OPS = "epochsync_step_start_ops"
+
+# The tasks ("ps:0", ...) whose partition of a training step gates its stateful ops
+# (hooks.data.step_gate); hooks.faults.step_retry retries a step any of them rejected.
+GATED_TASKS = "epochsync_gated_tasks"

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import hooks
+from hooks import graph_keys
 from hooks.faults import recovery_guard
 from hooks.faults import process_exit as recovery_stack
 from hooks.errors import EpochSyncError, TaskDiedError
@@ -206,7 +207,7 @@ class TestDuplicateRequest:
       values = [sess.run(step) for _ in range(4)]
     assert values == [1, 2, 3, 4] and reject.rejected == 1  # each step's update exactly once
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert any(w.startswith("worker:0: step 3 of this task was rejected by its own task as a "
+    assert any(w.startswith("worker:0: step 3 of this task was rejected by worker:0 as a "
                             "duplicate RunGraph request") and "retry 1 of 3" in w
                and "received twice" in w for w in warnings), warnings
     assert not cluster.exits
@@ -220,13 +221,53 @@ class TestDuplicateRequest:
           sess.run(step)
     assert reject.rejected == 1
 
-  def test_a_run_of_a_hook_is_never_retried(self):
-    error = _twice("worker:0")
+  def test_a_step_a_gated_ps_rejected_is_retried_once(self, caplog):
+    cluster, step = _Cluster(), _step()
+    v1.add_to_collection(graph_keys.GATED_TASKS, "ps:0")  # EpochInput's step_gate did it
+    reject = _RejectOnce(_twice("ps:0"), at=2)
+    with v1.train.MonitoredSession(hooks=[reject, cluster.guard()]) as sess:
+      values = [sess.run(step) for _ in range(3)]
+    assert values == [1, 2, 3] and reject.rejected == 1
+    assert "step 2 of this task was rejected by ps:0 as a duplicate" in caplog.text
+
+  def test_a_run_of_a_hook_is_retried_only_when_a_ps_rejected_it(self):
+    calls = []
+
+    def run(*args, **kwargs):
+      calls.append(args)
+      if len(calls) == 1:
+        raise _twice("ps:0")
+      if len(calls) == 2:
+        return "ok"
+      raise _twice("worker:0")
+
     session = type("Session", (), {})()
-    session.run = lambda *a, **k: (_ for _ in ()).throw(error)
+    session.run = run
     retry_duplicate_steps(session, "worker:0")
+    assert session.run("x") == "ok" and len(calls) == 2  # called from here: a hook's run
     with pytest.raises(tf.errors.AbortedError):
-      session.run("x")  # called from here, not from MonitoredSession: passes through
+      session.run("x")
+    assert len(calls) == 3
+
+
+def test_a_step_is_retryable_only_when_every_rejecting_task_is_its_own_or_gated():
+  from hooks.faults.step_retry import rejecting_tasks, step_retryable  # pylint: disable=import-outside-toplevel
+  both = tf.errors.AbortedError(None, None, _twice("ps:1").message + "\n" +
+                                _twice("worker:0").message)
+  assert rejecting_tasks(both) == {"ps:1", "worker:0"}
+  assert step_retryable(both, "worker:0", ["ps:0", "ps:1"])
+  assert not step_retryable(both, "worker:0", ["ps:0"])  # ps:1 not gated: the batch may be gone
+  assert not step_retryable(_twice("ps:0"), "worker:0", [])
+  assert not step_retryable(tf.errors.AbortedError(None, None, "ABORTED: other"), "worker:0",
+                            ["ps:0"])
+
+
+def test_a_hooks_run_is_retryable_only_when_a_ps_rejected_it():
+  from hooks.faults.step_retry import run_retryable  # pylint: disable=import-outside-toplevel
+  assert run_retryable(_twice("ps:0"), "worker:0")
+  # This task alone: the ps part ran (e.g. a barrier arrival), only the fetched result was lost.
+  assert not run_retryable(_twice("worker:0"), "worker:0")
+  assert not run_retryable(tf.errors.AbortedError(None, None, "ABORTED: other"), "worker:0")
 
 
 def test_only_a_rejection_by_this_tasks_own_partition_counts():

@@ -26,6 +26,7 @@ from hooks import graph_keys
 from hooks.data import input_graph
 from hooks import log as logging
 from hooks.data import lookahead
+from hooks.data import step_gate
 from hooks.config import preflight
 from hooks.errors import ConfigError, EpochIncompleteError, raise_if_problems
 from hooks.faults.waiting import run_options
@@ -179,7 +180,10 @@ class EpochInput:
     self._listeners.sort(key=lambda l: l.order)
 
   def add_step_op(self, op: tf.Operation) -> None:
-    """Runs `op` in every run that consumes a batch (e.g. counts it); call before the session."""
+    """Runs `op` in every run that consumes a batch (e.g. counts it), after the batch is taken
+    (so never in a step that TensorFlow rejected: hooks.data.step_gate); call before the
+    session."""
+    op._add_control_inputs([self._lookahead.dequeue_op])  # pylint: disable=protected-access
     self._step_ops.append(op)
 
   @property
@@ -220,6 +224,8 @@ class _EpochDriverHook(_v1.train.SessionRunHook):
 
   def begin(self):
     self._graph = _v1.get_default_graph()
+    lookahead_ops = self._input._lookahead
+    step_gate.install(lookahead_ops.read_ops, lookahead_ops.dequeue_op.device)
     start_ops = [self._input._iterator.initializer, self._input._set_epoch] + (
         _v1.get_collection(graph_keys.EPOCH_START_OPS))
     # One run starts an epoch: a fresh iterator, the epoch tensor, e.g. the sync optimizer's

@@ -46,6 +46,8 @@ class LookAhead:
     taken = self._buffer.dequeue(name="take")
     self.dequeue_op = taken.op
     has_next, enqueue = self._buffer_next()
+    # The step's stateful reads: this step's batch and the next one (hooks.data.step_gate).
+    self.read_ops = [self.dequeue_op, enqueue.inputs[1].op]
     with tf.control_dependencies([enqueue]):  # reading a batch always buffers the next
       self.batch = optional_ops._OptionalImpl(taken, spec).get_value()  # pylint: disable=protected-access
     size, self._offset = _batch_size_source(self.batch)

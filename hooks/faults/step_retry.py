@@ -1,15 +1,15 @@
-"""Retries a step that TensorFlow's own task rejected as a duplicate RunGraph request.
+"""Retries a step that TensorFlow rejected as a duplicate RunGraph request.
 
 TensorFlow gives every RunGraph request of a step an id from a thread-local random generator
 seeded with 32 random bits, and the master runs each step on a new thread, so the ids of a
 step repeat those of an earlier step once in ~10^5 runs (a birthday collision of the seeds);
 each task rejects a request id it saw among its last 100,000 with ABORTED "The same RunGraph
-(Worker) request was received twice", before running anything of that partition. When the
-partition rejected is this task's own, nothing stateful of the step ran: this task's input
-was not read (its look-ahead queue is in that partition) and the ps partitions wait for its
-gradients until the master cancels them. Such a step is run again (new ids); any other
-rejection (only a ps's partition: this task's own partition may have read a batch) is left to
-the recovery guard, which names it.
+(Worker) request was received twice", before running anything of that partition. A step is
+run again when every task that rejected it is this task (its own partition: nothing of the
+step ran here, and the ps partitions wait for its gradients) or a task of
+`graph_keys.GATED_TASKS` (EpochInput made every stateful op of the step wait for that task's
+partition: hooks.data.step_gate). Any other rejection is left to the recovery guard, which
+names it.
 
 Typical usage (RecoveryGuardHook.after_create_session does it):
   retry_duplicate_steps(session, "worker:1")
@@ -17,56 +17,97 @@ Typical usage (RecoveryGuardHook.after_create_session does it):
 
 import re
 import sys
-from typing import Callable
+from typing import Any, Callable, Iterable, Set
 
 import tensorflow as tf
 
+from hooks import graph_keys
 from hooks import log as logging
 
-__all__ = ["retry_duplicate_steps", "rejected_by_own_task", "MAX_RETRIES"]
+__all__ = ["retry_duplicate_steps", "run_retrying", "rejecting_tasks", "rejected_by_own_task",
+           "step_retryable", "run_retryable", "MAX_RETRIES"]
 
 MAX_RETRIES = 3
 # The step's error: ABORTED, or CANCELLED when another partition's cancellation is reported first.
 _REPORTED_AS = (tf.errors.AbortedError, tf.errors.CancelledError)
+_REJECTED = re.compile(r"From /job:([\w-]+)/replica:\d+/task:(\d+):\s*The same RunGraph "
+                       r"\(Worker\) request was received twice")
 _MONITORED = "monitored_session.py"  # a step: session.run called by MonitoredSession itself
+
+
+def rejecting_tasks(error: Exception) -> Set[str]:
+  """The tasks ("ps:0", "worker:1") that `error` says rejected a RunGraph as a duplicate."""
+  if not isinstance(error, _REPORTED_AS):
+    return set()
+  return {f"{job}:{index}" for job, index in _REJECTED.findall(
+      getattr(error, "message", str(error)))}
 
 
 def rejected_by_own_task(error: Exception, task_name: str) -> bool:
   """Whether `error` says `task_name`'s own partition rejected its RunGraph as a duplicate."""
-  if not isinstance(error, _REPORTED_AS):
-    return False
-  job, index = task_name.split(":")
-  own = re.compile(rf"From /job:{re.escape(job)}/replica:\d+/task:{index}:\s*The same RunGraph "
-                   r"\(Worker\) request was received twice")
-  return bool(own.search(getattr(error, "message", str(error))))
+  return task_name in rejecting_tasks(error)
+
+
+def step_retryable(error: Exception, task_name: str, gated: Iterable[str]) -> bool:
+  """Whether a training step that failed with `error` ran none of its stateful ops: only this
+  task (its input read never ran; the ps ops wait for it) or gated tasks (the input read waits
+  for each: hooks.data.step_gate) rejected it."""
+  tasks = rejecting_tasks(error)
+  return bool(tasks) and tasks <= {task_name, *gated}
+
+
+def run_retryable(error: Exception, task_name: str) -> bool:
+  """Whether a hook's run (or the aggregation) that failed with `error` ran none of its
+  stateful ops: a ps rejected it. Such runs keep their stateful ops on the ps and, on several
+  ps tasks, either set what they set again (a save, a reset) or wait for every ps (the
+  aggregation's markers); rejected by this task alone, the ps part ran and only the result
+  was lost."""
+  return bool(rejecting_tasks(error) - {task_name})
+
+
+def run_retrying(fn: Callable[[], Any], what: str, task_name: str,
+                 retryable: Callable[[Exception], bool]) -> Any:
+  """fn(), run again (up to MAX_RETRIES times, each with a WARNING naming `what` and the
+  rejecting tasks) while it fails `retryable`; other errors pass through.
+
+    grads = run_retrying(aggregate, "the aggregation run", "worker:0",
+                         lambda e: run_retryable(e, "worker:0"))
+  """
+  for attempt in range(MAX_RETRIES + 1):
+    try:
+      return fn()
+    except _REPORTED_AS as e:
+      if attempt == MAX_RETRIES or not retryable(e):
+        raise
+      logging.warning(
+          "%s: %s was rejected by %s as a duplicate RunGraph request (TensorFlow drew the "
+          "request ids of an earlier run); none of its stateful ops ran, so it runs again "
+          "(retry %d of %d). The error: %s", task_name, what,
+          ", ".join(sorted(rejecting_tasks(e))), attempt + 1, MAX_RETRIES,
+          getattr(e, "message", e))
+  raise AssertionError("unreachable")
 
 
 def retry_duplicate_steps(session, task_name: str) -> None:
-  """Wraps `session.run` (this session object only): a MonitoredSession step whose own
-  partition was rejected as a duplicate request is logged at WARNING and run again, up to
-  MAX_RETRIES times; every other run, and every other error, passes through unchanged."""
+  """Wraps `session.run` (this session object only): a run TensorFlow rejected as a duplicate
+  is logged at WARNING and run again (`run_retrying`) when nothing stateful of it ran: a
+  MonitoredSession step by `step_retryable`, any other run by `run_retryable`. Every other
+  error passes through unchanged."""
   run = session.run
   if getattr(run, "_epochsync_retrying", False):
     return
+  graph = getattr(session, "graph", None) or tf.compat.v1.get_default_graph()
+  gated = tuple(graph.get_collection(graph_keys.GATED_TASKS))
   steps = [0]
 
-  def run_retrying(*args, **kwargs):
+  def run_step(*args, **kwargs):
     step = sys._getframe(1).f_code.co_filename.endswith(_MONITORED)  # pylint: disable=protected-access
-    if not step:
-      return run(*args, **kwargs)
+    if not step:  # A hook's or its thread's run.
+      return run_retrying(lambda: run(*args, **kwargs), "a run of a hook", task_name,
+                          lambda e: run_retryable(e, task_name))
     steps[0] += 1
-    for attempt in range(MAX_RETRIES + 1):
-      try:
-        return run(*args, **kwargs)
-      except _REPORTED_AS as e:
-        if attempt == MAX_RETRIES or not rejected_by_own_task(e, task_name):
-          raise
-        logging.warning(
-            "%s: step %d of this task was rejected by its own task as a duplicate RunGraph "
-            "request (TensorFlow drew the request ids of an earlier step); nothing of the step "
-            "ran here, so it runs again (retry %d of %d). The error: %s", task_name, steps[0],
-            attempt + 1, MAX_RETRIES, getattr(e, "message", e))
-    raise AssertionError("unreachable")
+    return run_retrying(lambda: run(*args, **kwargs), f"step {steps[0]} of this task",
+                        task_name, lambda e: step_retryable(e, task_name, gated))
 
-  run_retrying._epochsync_retrying = True  # pylint: disable=protected-access
-  session.run = run_retrying
+  run_step._epochsync_retrying = True  # pylint: disable=protected-access
+  session.run = run_step

@@ -13,6 +13,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from hooks.data import step_gate
+
 __all__ = ["GRAD", "DONE", "STOP", "aggregate_op", "reset_op"]
 
 _v1 = tf.compat.v1
@@ -32,9 +34,14 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
   numbers the steps (global_step or the own sync_step); `extra_step`, if any, is a global_step
   that is incremented too.
   """
-  with tf.device(step.device):
+  # The markers are taken only once every other ps's partition of this run started: a run
+  # TensorFlow rejected on one of them (hooks.faults.step_retry) changed nothing.
+  started = step_gate.gate_ops([var.device for _, var in accums], step.device,
+                               "aggregation_started")
+  with tf.device(step.device), tf.control_dependencies(started):
     # The ref itself, dereferenced by the dequeue: no read op (`num_active` is a RefVariable).
     ids, kinds, steps = markers.dequeue_many(num_active._ref())  # pylint: disable=protected-access
+  with tf.device(step.device):
     # Tokens per worker (0 or 1, in worker order), and their sum g (negative with a STOP).
     counts = tf.math.unsorted_segment_sum(kinds, ids, num_workers)
     axis = tf.constant(0)

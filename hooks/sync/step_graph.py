@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from hooks import graph_keys
 from hooks.sync.aggregation_graph import DONE, GRAD, STOP
 
 __all__ = ["ABORT_TOKEN", "PROGRESS_ACTIVE", "PROGRESS_DONE", "PsState", "WorkerOps",
@@ -114,6 +115,8 @@ def worker_ops(state: PsState, wid: int, step: tf.Variable, local: tf.Variable,
     worker = tf.constant(wid, name="worker_id")  # The marker's id and progress' index.
     sent_step = tf.cast(local, tf.int64)  # ps:0 receives it once per step.
     grad_marked = state.markers.enqueue((worker, GRAD, sent_step))
+    # After the step's batch is taken (EpochInput's gate): never in a step TensorFlow rejected.
+    _v1.add_to_collection(graph_keys.STEP_START_OPS, grad_marked)
     with tf.control_dependencies(applies):
       sent = _v1.scatter_update(state.progress, worker, sent_step)
   with tf.control_dependencies([grad_marked, sent]), tf.device(dev):

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hooks.faults import heartbeat
 from hooks.faults import process_exit
+from hooks.faults import step_retry
 from hooks import log as logging
 from hooks.errors import ConfigError, StepTimeoutError, TaskDiedError
 from hooks.epoch import run_start
@@ -173,7 +174,10 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     try:
       aggregate = session.make_callable(self._ops.aggregate_op)  # As stock's queue runner.
       while not coord.should_stop():  # Ends on end()'s STOP markers or a closed marker queue.
-        grads = aggregate()  # The step's GRAD markers: 0 epoch over, < 0 stopped.
+        # The step's GRAD markers: 0 epoch over, < 0 stopped. The markers are taken once every
+        # ps started its part: a run a ps rejected changed nothing.
+        grads = step_retry.run_retrying(aggregate, "the aggregation run", self.task_name,
+                                        self._aggregation_retryable)
         if grads < 0:
           logging.info("%s: aggregation stopped after %d updates", self.task_name,
                        self.num_updates)
@@ -201,6 +205,9 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       else:
         error = e
       self._stop_now(session, coord, error)  # This task's own step waits for a token.
+
+  def _aggregation_retryable(self, error: Exception) -> bool:
+    return step_retry.run_retryable(error, self.task_name)
 
   def _watch(self, session, coord) -> None:
     """Every task's watchdog thread; it ends with the session (end() or a coordinator stop)."""
