@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import re
+import subprocess
 
 from absl import flags
 from absl.testing import flagsaver
@@ -309,26 +310,33 @@ def test_the_ctr_job_reads_the_data_the_data_job_writes_on_the_same_volume():
   assert len(files) % 4 == 0  # file i -> training task i % 4: every task gets whole files
 
 
-def test_the_ctr_commands_are_valid_flags_of_the_example(monkeypatch):
-  """Each replica's command and environment parse as examples/ctr_train.py's flags."""
+_PARSE_CTR_FLAGS = """
+import json, sys
+from absl import flags
+from examples import ctr_train
+from hooks.config import flags as epochsync_flags
+argv, env = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+flags.FLAGS(["examples.ctr_train"] + argv)  # an unknown or bad flag raises here
+settings = epochsync_flags.settings_from_flags(flags.FLAGS, env=env)
+print(json.dumps({"num_epochs": flags.FLAGS["num_epochs"].value,
+                  "startup": settings.startup_timeout_secs,
+                  "barrier": settings.barrier_timeout_secs}))
+"""
+
+
+def test_the_ctr_commands_are_valid_flags_of_the_example():
+  """Each replica's command and environment parse as examples/ctr_train.py's flags (in a
+  process of their own: examples.train, imported by other tests, defines --model_dir too)."""
   pytest.importorskip("tensorflow_estimator", reason="examples.ctr_train needs estimator_ext")
-  if "examples.train" in sys.modules:  # both define --model_dir: one process holds one of them
-    pytest.skip("examples.train was imported by an earlier test in this process; run this file "
-                "alone (./es test tests/test_k8s_manifest.py)")
-  from examples import ctr_train  # pylint: disable=g-import-not-at-top,unused-import
   job = _load(CTR_MANIFEST)
   spec = job["spec"]["tfReplicaSpecs"]["Worker"]
   command, env = _container(spec)["command"], _env(spec)
-  with flagsaver.flagsaver():
-    was_parsed = flags.FLAGS.is_parsed()
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["examples.ctr_train"] + command[3:])  # an unknown or bad flag raises here
-    settings = epochsync_flags.settings_from_flags(flags.FLAGS, env=env)
-    assert flags.FLAGS["num_epochs"].value == 3
-    flags.FLAGS.unparse_flags()
-  if was_parsed:
-    flags.FLAGS(["prog"])
-  assert settings.startup_timeout_secs == 900 and settings.barrier_timeout_secs == 1800
+  done = subprocess.run([sys.executable, "-c", _PARSE_CTR_FLAGS, json.dumps(command[3:]),
+                         json.dumps(env)], capture_output=True, text=True, timeout=120,
+                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert done.returncode == 0, done.stderr[-3000:]
+  parsed = json.loads(done.stdout.strip().splitlines()[-1])
+  assert parsed == {"num_epochs": 3, "startup": 900, "barrier": 1800}
 
 
 def test_the_ctr_network_policy_admits_the_jobs_pods_only():

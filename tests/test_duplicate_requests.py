@@ -1,0 +1,69 @@
+"""Runs TensorFlow rejects as duplicate RunGraph requests run again, and the job stays exact.
+
+TensorFlow seeds the request ids of each session.run with 32 random bits, and every task
+rejects an id among its last 100,000 ("The same RunGraph (Worker) request was received
+twice"; docs/reliability.md): a long job meets such a collision every ~50,000 runs.
+bench/seed_bits.cc, preloaded into every task, cuts the seed to SEED_BITS bits, so the
+collisions come every few dozen runs; the synchronous job must still end by itself, retry
+the rejected steps, hook runs and aggregations with a WARNING each, count every shard once
+and equal the lockstep oracle. Before the step gate and the retries, such a job ended at its
+first rejection of a step by the ps (EpochSyncError "lost its session") or hung.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from cluster_checks import assert_equals_oracle
+from hooks.epoch.audit import read_audit
+from hooks.testing.local_cluster import LocalCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASK = [sys.executable, os.path.join(ROOT, "tests", "tasks", "epoch_task.py")]
+SHARDS = (100, 80, 60)
+EPOCHS = 2
+SEED_BITS = 14  # 16,384 seeds: ~10-20 collisions per job of ~500 runs per task
+RETRIED = "as a duplicate RunGraph request"
+
+
+@pytest.fixture(scope="module")
+def seed_shim(tmp_path_factory):
+  compiler = shutil.which("g++")
+  if compiler is None:
+    pytest.skip("needs g++ to build bench/seed_bits.cc (the LD_PRELOAD shim)")
+  library = str(tmp_path_factory.mktemp("shim") / "libseed_bits.so")
+  subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", library,
+                  os.path.join(ROOT, "bench", "seed_bits.cc")], check=True, timeout=120)
+  return library
+
+
+@pytest.mark.timeout(400)
+def test_a_sync_job_whose_request_ids_collide_retries_them_and_equals_the_oracle(
+    tmp_path, seed_shim):
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}",
+                    "--shard_batches=" + ",".join(map(str, SHARDS)),
+                    f"--epochsync_num_epochs={EPOCHS}", "--epochsync_sync=true",
+                    "--epochsync_save_checkpoint_secs=0",
+                    "--epochsync_save_checkpoint_steps=20"]
+  env = {"LD_PRELOAD": seed_shim, "SEED_BITS": str(SEED_BITS)}
+  with LocalCluster(num_workers=len(SHARDS), timeout_secs=300, log_dir=str(tmp_path / "logs"),
+                    env=env) as cluster:
+    cluster.start(command)
+    result = cluster.wait()
+  result.check()
+  retried = {name: task.log.count(RETRIED) for name, task in result.tasks.items()}
+  assert sum(retried.values()) >= 3, f"too few collisions to prove anything: {retried}"
+  for name, task in result.tasks.items():
+    assert "lost its session" not in task.log, name
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == list(range(EPOCHS))
+  for line in audit:
+    assert {w: s["batches"] for w, s in line["workers"].items()} == {
+        f"worker:{i}": n for i, n in enumerate(SHARDS)}
+  assert_equals_oracle(audit[-1]["checkpoint"], "linear", SHARDS, EPOCHS)
