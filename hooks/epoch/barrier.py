@@ -27,10 +27,11 @@ from hooks.epoch import audit as audit_lib
 from hooks.epoch import barrier_graph
 from hooks import log as logging
 from hooks.config.cluster import worker_problems
-from hooks.faults.heartbeat import Heartbeat, ProgressWatch
+from hooks.epoch.barrier_wait import BarrierWaiter, Wait
+from hooks.faults.heartbeat import Heartbeat
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.config.settings import MIN_LOG_EVERY_SECS
-from hooks.errors import BarrierTimeoutError, ConfigError, EpochSyncError, TaskDiedError
+from hooks.errors import ConfigError, EpochSyncError
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
 from hooks.faults.waiting import MAX_WAIT_SECS, BackgroundRun, run_options
 
@@ -40,9 +41,6 @@ _v1 = tf.compat.v1
 _ABORT = -1  # a release carrying this value means the chief gave up waiting
 _REFUSED = barrier_graph.REFUSED  # ... or that the chief refused the tasks' settings
 _RPC_TIMEOUT_SECS = 60.0  # Runs that cannot block: generous, a busy ps must not fail them.
-_READ_TIMEOUT_SECS = 5.0  # The read of who arrived, for a log line or an error message.
-_ABORT_GRACE_SECS = 2.0  # A worker outwaits its deadline by this much for the chief's abort.
-_POLL_SECS = 1.0  # How often a wait reads who arrived and how far the others are.
 
 # fn(session, epoch, arrivals by task name) -> fields for the audit line
 ChiefAction = Callable[[object, int, Dict[str, EpochStats]], Dict[str, object]]
@@ -112,7 +110,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self._ps_device = ps_device
     self._liveness = liveness
     self._heartbeat = Heartbeat(epoch_input, num_workers, worker_id, ps_device)
-    self._watch: Optional[ProgressWatch] = None
+    self._waiter = BarrierWaiter(self.worker_names, worker_id, self._heartbeat, liveness,
+                                 warn_after_secs, log_every_secs)
     self._chief_actions: List[ChiefAction] = []
     epoch_input.add_listener(self)
 
@@ -155,7 +154,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       raise
 
   def _sync_now(self, session, barrier: str, seq: int, stats: EpochStats, timeout: float):
-    wait = _Wait(barrier, seq, stats.epoch, time.monotonic(), timeout)
+    wait = Wait(barrier, seq, stats.epoch, time.monotonic(), timeout)
     logging.info("%s waiting at %s, epoch %d", self.task_name, barrier, stats.epoch)
     if self.is_chief:
       # Chief actions (a save) run between the gather and the release; without any, one run.
@@ -174,7 +173,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     if barrier == "start" and self._liveness:  # Every task is up: note who answers as whom.
       self._liveness.probe(sorted(self._liveness.addresses))
 
-  def _gather_arrivals(self, session, wait: "_Wait", own: EpochStats,
+  def _gather_arrivals(self, session, wait: Wait, own: EpochStats,
                        release: bool) -> Tuple[Dict[str, EpochStats], int]:
     """The chief: every worker's EpochStats, from one blocking dequeue_many of n-1 arrivals.
 
@@ -189,33 +188,15 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                          name=f"epochsync-barrier-{wait.barrier}", run_timeout_secs=MAX_WAIT_SECS)
     if not self._wait(session, call, wait):
       self._abort(session)
-      self._fail(wait, self._missing(session, wait.seq))
+      self._waiter.fail(wait, self._missing(session, wait.seq))
     try:
       result = self._result(call, wait)
       arrived, step = result[0], (result[3] if release else -1)
     except Exception:
       self._abort(session)
       raise
-    arrivals = {self.task_name: own}
-    problems = []
-    for (worker, got_seq, batches, examples, n, epochs), (started, ended) in (
-        zip(*arrived) if arrived else ()):
-      name = self.worker_names[worker]
-      if name in arrivals:
-        problems.append(f"two tasks arrived as {name}: check that each task has its own task "
-                        "index in TF_CONFIG (or --task_index)")
-      if (n, epochs) != (self.num_workers, self._input.num_epochs):
-        problems.append(
-            f"{name} was started with {n} workers and num_epochs={epochs}, {self.task_name} "
-            f"with {self.num_workers} and {self._input.num_epochs}: start every task with the "
-            "same cluster and --epochsync_num_epochs")
-      elif got_seq != wait.seq:
-        problems.append(
-            f"{name} arrived at barrier #{got_seq} while the chief waits at {wait.barrier} "
-            f"#{wait.seq} (epoch {wait.epoch}): the workers disagree on the epoch; check that "
-            "every task restarts from the same model_dir")
-      arrivals[name] = EpochStats(wait.epoch, int(batches), int(examples), float(started),
-                                  float(ended))
+    arrivals, problems = _arrivals(arrived, own, wait, self.worker_names, self.task_name,
+                                   (self.num_workers, self._input.num_epochs))
     if problems:
       if not release:  # The folded run has refused them already.
         self._abort(session, _REFUSED)
@@ -224,7 +205,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       raise ConfigError(message)
     return arrivals, step
 
-  def _run_chief_actions(self, session, wait: "_Wait", arrivals) -> Dict[str, object]:
+  def _run_chief_actions(self, session, wait: Wait, arrivals) -> Dict[str, object]:
     fields: Dict[str, object] = {}
     if wait.barrier != "epoch_end":
       return fields
@@ -247,16 +228,17 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   def _release_feed(self, value: int):
     return {self._release_value: value, self._zero: 0}
 
-  def _arrive_and_wait_for_release(self, session, wait: "_Wait", stats: EpochStats) -> None:
+  def _arrive_and_wait_for_release(self, session, wait: Wait, stats: EpochStats) -> None:
     """A worker: one run enqueues its arrival (never blocks) and dequeues its release."""
     # The chief aborts at its own deadline at the latest; its abort needs a moment to arrive.
-    call = BackgroundRun(session, self._arrive_and_wait, wait.deadline + _ABORT_GRACE_SECS,
+    call = BackgroundRun(session, self._arrive_and_wait,
+                         wait.deadline + self._waiter.abort_grace_secs,
                          feed_dict={self._seq: wait.seq,
                                     self._stats: [stats.batches, stats.examples],
                                     self._times: [stats.started_at, stats.ended_at]},
                          name=f"epochsync-barrier-{wait.barrier}", run_timeout_secs=MAX_WAIT_SECS)
     if not self._wait(session, call, wait):
-      self._fail(wait, self._missing(session, wait.seq))
+      self._waiter.fail(wait, self._missing(session, wait.seq))
     got = self._result(call, wait)
     if got == wait.seq:
       return
@@ -268,119 +250,51 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     if got == _ABORT:
       if self._liveness:  # The chief may have given up because a task died: name it.
         self._liveness.raise_if_any_died(wait.where)
-      self._fail(wait, self._missing(session, wait.seq), "the chief gave up: ")
+      self._waiter.fail(wait, self._missing(session, wait.seq), "the chief gave up: ")
     raise EpochSyncError(f"{self.task_name} was released from barrier #{got} while waiting "
                          f"at {wait.barrier} #{wait.seq} (epoch {wait.epoch}): the workers "
                          "disagree on the epoch; check num_epochs and model_dir on every task")
 
-  def _wait(self, session, call: BackgroundRun, wait: "_Wait") -> bool:
-    """Waits for `call`, logging who is missing every log period; False at the deadline.
+  def _wait(self, session, call: BackgroundRun, wait: Wait) -> bool:
+    return self._waiter.wait(session, call, wait, self._arrived, lambda: self._abort(session))
 
-    Every second it reads who arrived and how far the tasks it waits for are (the missing
-    ones; a worker also the chief, which saves before it releases): whenever one of them moved
-    the deadline moves to `timeout` after that. With a liveness monitor it also probes them;
-    a dead one ends the wait with TaskDiedError (the chief first releases the others).
-    """
-    tick = min(self._log_every_secs, _POLL_SECS)
-    peers: List[str] = []
-    if self._liveness:
-      tick = min(tick, self._liveness.period_secs)
-      ps = [n for n in sorted(self._liveness.addresses) if n.startswith("ps:")]
-      peers = [n for n in self.worker_names if n != self.task_name] if self.is_chief else [
-          self.worker_names[0]]
-      peers = [n for n in peers + ps if n in self._liveness.addresses]
-    next_log = self._log_every_secs
-    watch = self._watch = ProgressWatch(self._heartbeat.reader(session), self.worker_names)
-    grace = 0.0 if self.is_chief else _ABORT_GRACE_SECS
+  def _missing(self, session, seq: int) -> Optional[List[str]]:
+    return self._waiter.missing(session, self._arrived, seq)
 
-    def on_tick(waited: float) -> None:
-      nonlocal next_log
-      if peers and waited >= self._liveness.period_secs:
-        try:
-          self._liveness.check(peers, wait.where)
-        except TaskDiedError:
-          if self.is_chief:
-            self._abort(session)
-          raise
-      missing = self._missing(session, wait.seq)
-      awaited = self._awaited(missing)
-      stalled = watch.observe(awaited)
-      call.extend(time.monotonic() - stalled + wait.timeout + grace)
-      if waited >= next_log:
-        next_log = waited + self._log_every_secs
-        level = logging.WARNING if stalled > self._warn_after_secs else logging.INFO
-        logging.log(level, "%s still waiting at %s, epoch %d, after %.0f s (%.0f s without "
-                    "progress): %s; %s", self.task_name, wait.barrier, wait.epoch, waited,
-                    stalled, self._who(missing), watch.describe(awaited))
-    return call.wait_until_deadline(tick, on_tick)
-
-  def _awaited(self, missing: Optional[List[str]]) -> List[int]:
-    """The worker ids this wait depends on: the missing ones, and for a worker the chief."""
-    names = list(missing or [])
-    if not self.is_chief and self.worker_names[0] not in names:
-      names.append(self.worker_names[0])
-    return [self.worker_names.index(n) for n in names if n != self.task_name]
-
-  def _result(self, call: BackgroundRun, wait: "_Wait"):
+  def _result(self, call: BackgroundRun, wait: Wait):
     """The call's value; a lost session (UNAVAILABLE, ABORTED) becomes an error of ours."""
     try:
       return call.result()
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
       raise explain_lost_session(e, self._liveness, self.task_name, wait.where) from e
 
-  def _missing(self, session, seq) -> Optional[List[str]]:
-    """The tasks that have not arrived at barrier `seq`, or None if the ps did not answer."""
-    try:
-      arrived = session.run(self._arrived, options=run_options(_READ_TIMEOUT_SECS))
-    except tf.errors.OpError as e:
-      logging.warning("%s could not read who arrived from the ps: %s", self.task_name,
-                      e.message)
-      return None
-    return [n for n, s in zip(self.worker_names, arrived) if s < seq]
-
-  def _who(self, missing: Optional[List[str]]) -> str:
-    if missing is None:
-      return "the ps did not say who arrived (check the ps tasks' logs)"
-    return (f"{self.num_workers - len(missing)}/{self.num_workers} arrived; "
-            + (f"missing {', '.join(missing)}" if missing else
-               f"waiting for {self.worker_names[0]} to release them"))
-
-  def _fail(self, wait: "_Wait", missing: Optional[List[str]], why: str = ""):
-    flag = ("--epochsync_startup_timeout_secs" if wait.barrier == "start"
-            else "--epochsync_barrier_timeout_secs")
-    named = self._watch.stuck if self._watch is not None else list  # + their last step
-    if missing:
-      who = (f"{self.num_workers - len(missing)}/{self.num_workers} arrived; missing "
-             f"{', '.join(named(missing))} (check their logs or raise {flag})")
-    elif missing is None:
-      who = self._who(missing)
-    else:
-      who = (f"{self.num_workers}/{self.num_workers} arrived; "
-             f"{named([self.worker_names[0]])[0]} did not release them (check its log)")
-    message = (f'barrier "{wait.barrier}" timed out after {time.monotonic() - wait.start:.0f} s, '
-               f"the last {wait.timeout:g} s without progress of the tasks it waits for "
-               f"(limit {wait.timeout:g} s) in epoch {wait.epoch} on {self.task_name}: {why}{who}")
-    logging.error(message)
-    raise BarrierTimeoutError(message, missing or ())
-
   def _run(self, session, fetches, feed_dict):
     """A run that cannot block (an enqueue into an unbounded queue, a variable update)."""
     return session.run(fetches, feed_dict, options=run_options(_RPC_TIMEOUT_SECS))
 
 
-@dataclasses.dataclass(frozen=True)
-class _Wait:
-  """One task's wait at one barrier: which, and its deadline on the monotonic clock."""
-  barrier: str
-  seq: int
-  epoch: int
-  start: float
-  timeout: float
-
-  @property
-  def deadline(self) -> float:
-    return self.start + self.timeout
-
-  @property
-  def where(self) -> str:
-    return f'at barrier "{self.barrier}" in epoch {self.epoch}'
+def _arrivals(arrived, own: EpochStats, wait: Wait, worker_names: Sequence[str], task_name: str,
+              settings: Tuple[int, int]) -> Tuple[Dict[str, EpochStats], List[str]]:
+  """The chief's view of a gather: every task's EpochStats by name, and what is wrong with
+  them (two tasks with one index, other settings (num_workers, num_epochs), another barrier)."""
+  arrivals = {task_name: own}
+  problems = []
+  for (worker, got_seq, batches, examples, n, epochs), (started, ended) in (
+      zip(*arrived) if arrived else ()):
+    name = worker_names[worker]
+    if name in arrivals:
+      problems.append(f"two tasks arrived as {name}: check that each task has its own task "
+                      "index in TF_CONFIG (or --task_index)")
+    if (n, epochs) != settings:
+      problems.append(
+          f"{name} was started with {n} workers and num_epochs={epochs}, {task_name} "
+          f"with {settings[0]} and {settings[1]}: start every task with the "
+          "same cluster and --epochsync_num_epochs")
+    elif got_seq != wait.seq:
+      problems.append(
+          f"{name} arrived at barrier #{got_seq} while the chief waits at {wait.barrier} "
+          f"#{wait.seq} (epoch {wait.epoch}): the workers disagree on the epoch; check that "
+          "every task restarts from the same model_dir")
+    arrivals[name] = EpochStats(wait.epoch, int(batches), int(examples), float(started),
+                                float(ended))
+  return arrivals, problems
