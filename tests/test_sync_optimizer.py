@@ -111,8 +111,8 @@ class TestWorkerDoneSyncReplicasOptimizer:
     import tensorflow as tf
     v1 = tf.compat.v1
     with tf.Graph().as_default():
-      global_step = v1.train.get_or_create_global_step()
-      with v1.device("/job:ps/task:0"):
+      with v1.device("/job:ps/task:0"):  # one ps: the aggregation needs no gate (step_gate)
+        global_step = v1.train.get_or_create_global_step()
         w = v1.get_variable("w", [3], initializer=v1.zeros_initializer(), use_resource=False)
       opt = _optimizer(num_workers=num_workers)
       opt.minimize(tf.reduce_sum(w * tf.constant([1.0, 2.0, 3.0])), global_step=global_step)

@@ -15,11 +15,11 @@ import tensorflow as tf
 
 from hooks.faults import heartbeat
 from hooks.faults import process_exit
-from hooks.faults import step_retry
 from hooks import log as logging
 from hooks.errors import ConfigError, StepTimeoutError, TaskDiedError
 from hooks.epoch import run_start
 from hooks.sync import arguments as sync_args
+from hooks.sync.aggregation_loop import AggregationLoop
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
 from hooks.faults.step_diagnostics import describe_step
 from hooks.faults.step_watch import StepWatch
@@ -76,16 +76,24 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     self.task_name = self._names[sync_optimizer.worker_id]
     self._stopping = threading.Event()
     self._threads: List[threading.Thread] = []
-    self.num_updates = 0  # Chief only: aggregation runs that applied gradients.
-    self.num_aggregations = 0
     self._liveness: Optional[LivenessMonitor] = None
     self._stop_error: Optional[Exception] = None
     self._epoch_fn: Callable[[], Optional[int]] = lambda: None
     self._on_aggregated: List[Callable[[Any, int], None]] = []
+    self._loop: Optional[AggregationLoop] = None
 
   def on_aggregated(self, fn: Callable[[Any, int], None]) -> None:
     """Chief: `fn(session, g)` after each aggregation run (g > 0 a step, 0 the epoch's end)."""
     self._on_aggregated.append(fn)
+
+  @property
+  def num_updates(self) -> int:
+    """Chief: aggregation runs that applied gradients."""
+    return self._loop.num_updates if self._loop else 0
+
+  @property
+  def num_aggregations(self) -> int:
+    return self._loop.num_aggregations if self._loop else 0
 
   @property
   def aggregating(self) -> bool:
@@ -111,6 +119,8 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     # run's own deadline only backs it up: a save of the chief's may stall a step for long.
     self._step_args = _v1.train.SessionRunArgs(None, options=run_options(MAX_WAIT_SECS))
     self._heartbeat_rows = heartbeat.rows_op(len(self._names), self._ops.diagnostics[0].device)
+    self._loop = AggregationLoop(self.task_name, self._ops.aggregate_op, self._ops.count_epoch_op,
+                                 listeners=self._on_aggregated)  # shared: added to until started
 
   def after_create_session(self, session, coord) -> None:
     run_start.check_started("SafeSyncTokensHook")
@@ -169,31 +179,9 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       return False
 
   def _aggregate(self, session, coord) -> None:
-    """Chief thread: one aggregate_op per step until the marker queue is closed."""
-    updates_at_epoch_start = 0
+    """Chief thread: the aggregation loop; an error stops the session (and this task's step)."""
     try:
-      aggregate = session.make_callable(self._ops.aggregate_op)  # As stock's queue runner.
-      while not coord.should_stop():  # Ends on end()'s STOP markers or a closed marker queue.
-        # The step's GRAD markers: 0 epoch over, < 0 stopped. The markers are taken once every
-        # ps started its part: a run a ps rejected changed nothing.
-        grads = step_retry.run_retrying(aggregate, "the aggregation run", self.task_name,
-                                        self._aggregation_retryable)
-        if grads < 0:
-          logging.info("%s: aggregation stopped after %d updates", self.task_name,
-                       self.num_updates)
-          return
-        self.num_aggregations += 1
-        self.num_updates += int(grads > 0)
-        if grads == 0:  # Every active worker sent DONE: the epoch is over.
-          epochs = int(session.run(self._ops.count_epoch_op))  # Advanced and read in one run.
-          logging.info("%s: epoch %d aggregated in %d synchronous steps", self.task_name,
-                       epochs - 1, self.num_updates - updates_at_epoch_start)
-          updates_at_epoch_start = self.num_updates
-        for fn in self._on_aggregated:
-          fn(session, grads)
-    except tf.errors.OutOfRangeError:
-      logging.info("%s: aggregation stopped (marker queue closed) after %d updates",
-                   self.task_name, self.num_updates)
+      self._loop.run(session, coord.should_stop)
     except Exception as e:  # pylint: disable=broad-except
       if isinstance(e, tf.errors.CancelledError) and (self._stopping.is_set() or
                                                       coord.should_stop()):
@@ -205,9 +193,6 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       else:
         error = e
       self._stop_now(session, coord, error)  # This task's own step waits for a token.
-
-  def _aggregation_retryable(self, error: Exception) -> bool:
-    return step_retry.run_retryable(error, self.task_name)
 
   def _watch(self, session, coord) -> None:
     """Every task's watchdog thread; it ends with the session (end() or a coordinator stop)."""

@@ -1,0 +1,71 @@
+"""hooks.data.step_gate: a step's stateful ops wait until every partition of it started."""
+
+import tensorflow as tf
+
+from hooks import graph_keys
+from hooks.data.epoch_input import EpochInput
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
+
+v1 = tf.compat.v1
+WORKER = "/job:worker/task:1"
+
+
+def _two_ps_sync_graph():
+  """worker:1 of 2 on a replica_device_setter over 2 ps: an embedding on each ps."""
+  cluster = {"ps": ["p0:1", "p1:1"], "worker": ["w0:1", "w1:1"]}
+  with v1.device(v1.train.replica_device_setter(cluster=cluster, worker_device=WORKER)):
+    global_step = v1.train.get_or_create_global_step()
+    epoch_input = EpochInput(tf.data.Dataset.range(6).batch(2), num_epochs=1,
+                             task_name="worker:1")
+    ids = epoch_input.get_next()
+    a = v1.get_variable("a", [6, 2], initializer=v1.zeros_initializer(), use_resource=False)
+    b = v1.get_variable("b", [6, 2], initializer=v1.zeros_initializer(), use_resource=False)
+    loss = tf.reduce_sum(tf.nn.embedding_lookup(a, ids)) + tf.reduce_sum(
+        tf.nn.embedding_lookup(b, ids))
+    opt = WorkerDoneSyncReplicasOptimizer(v1.train.GradientDescentOptimizer(0.1), 2, 1)
+    opt.minimize(loss, global_step=global_step)
+  assert {a.device, b.device} == {"/job:ps/task:0", "/job:ps/task:1"}
+  return epoch_input, opt
+
+
+def _gates(op):
+  return sorted(c.device for c in op.control_inputs if c.type == "Timestamp")
+
+
+def test_the_steps_input_read_waits_for_every_ps_and_the_grad_marker_for_the_read():
+  with tf.Graph().as_default() as graph:
+    epoch_input, _ = _two_ps_sync_graph()
+    epoch_input.hook.begin()
+    lookahead = epoch_input._lookahead  # pylint: disable=protected-access
+    take, next_read = lookahead.read_ops
+    for op in (take, next_read):
+      assert _gates(op) == ["/job:ps/task:0", "/job:ps/task:1"], op.name
+      assert op.device == WORKER
+    (marker,) = graph.get_collection(graph_keys.STEP_START_OPS)
+    assert marker.type == "QueueEnqueueV2" and take in marker.control_inputs
+    assert sorted(graph.get_collection(graph_keys.GATED_TASKS)) == ["ps:0", "ps:1"]
+    epoch_input.hook.begin()  # a second session on the same graph adds nothing
+    assert len(graph.get_collection(graph_keys.GATED_TASKS)) == 2 and len(_gates(take)) == 2
+
+
+def test_the_aggregation_takes_its_markers_once_every_other_ps_started():
+  with tf.Graph().as_default():
+    _, opt = _two_ps_sync_graph()
+    seen, todo = set(), [opt.sync_ops.aggregate_op.op]
+    while todo:
+      op = todo.pop()
+      if op not in seen:
+        seen.add(op)
+        todo += [t.op for t in op.inputs] + list(op.control_inputs)
+    (take_markers,) = [op for op in seen if op.type == "QueueDequeueManyV2"]
+    assert take_markers.device == "/job:ps/task:0"
+    assert _gates(take_markers) == ["/job:ps/task:1"]  # ps:0's own part holds the queue
+
+
+def test_local_mode_gates_nothing():
+  with tf.Graph().as_default() as graph:
+    epoch_input = EpochInput(tf.data.Dataset.range(4).batch(2), num_epochs=1)
+    v1.get_variable("w", [2], initializer=v1.zeros_initializer())
+    epoch_input.hook.begin()
+    assert not graph.get_collection(graph_keys.GATED_TASKS)
+    assert not [op for op in graph.get_operations() if op.type == "Timestamp"]
