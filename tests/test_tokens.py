@@ -6,6 +6,8 @@ import re
 import sys
 
 import numpy as np
+import time
+
 import pytest
 
 from hooks.errors import ConfigError, StepTimeoutError
@@ -89,6 +91,43 @@ def test_a_stop_whose_abort_token_cannot_be_delivered_ends_the_process(monkeypat
   hook._stop_now(session, coord, error)  # pylint: disable=protected-access
   assert session.runs == [opt.sync_ops.abort_step_op] and coord.requests[0][1] is error
   assert exits == ([] if ps_answers else [10.0])
+
+
+def test_a_step_that_does_not_end_on_its_abort_token_ends_the_process(monkeypatch, caplog):
+  """A run its own task rejected, whose ps part TensorFlow never cancelled, waits forever."""
+  import threading
+  from hooks.faults import process_exit
+  from hooks.sync import tokens
+  monkeypatch.setattr(tokens, "_EXIT_GRACE_SECS", 0.5)
+  exits, release = [], threading.Event()
+  monkeypatch.setattr(process_exit, "exit_process", exits.append)
+
+  def _call_tf_sessionrun():  # the name TensorFlow's blocked session.run has on the stack
+    release.wait(10)
+
+  hook, opt = _hook()
+  _start_step(hook, opt.sync_ops.train_op)
+  hook._step_thread = None  # pylint: disable=protected-access
+  stuck = threading.Thread(target=lambda: (setattr(hook, "_step_thread", threading.get_ident()),
+                                           _call_tf_sessionrun()), daemon=True)
+  stuck.start()
+  while hook._step_thread is None:  # pylint: disable=protected-access
+    pass
+  error = StepTimeoutError("step 3 timed out after 30 s on worker:1: ...", ["worker:1"])
+  hook._stop_now(_AbortSession(True), _Coord(), error)  # pylint: disable=protected-access
+  deadline = time.monotonic() + 5
+  while not exits and time.monotonic() < deadline:
+    time.sleep(0.05)
+  release.set()
+  assert exits == [1]
+  assert "the step did not end on its ABORT token" in caplog.text
+  # A step that ends (after_run) in time keeps the process.
+  exits.clear()
+  _start_step(hook, opt.sync_ops.train_op)
+  hook._stop_now(_AbortSession(True), _Coord(), error)  # pylint: disable=protected-access
+  hook._step.finish()  # pylint: disable=protected-access
+  time.sleep(1.0)
+  assert not exits
 
 
 def _start_step(hook, fetches):

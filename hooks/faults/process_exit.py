@@ -12,7 +12,7 @@ from typing import Tuple
 
 from hooks import log as logging
 
-__all__ = ["where", "exit_after", "exit_process"]
+__all__ = ["where", "in_session_run", "exit_after", "exit_process"]
 
 _HOOKS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # hooks/
 # TensorFlow's session recovery and close: _RecoverableSession._create_session (its retry loop,
@@ -39,6 +39,16 @@ def where(frame) -> Tuple[bool, bool]:
         in_tf = decided = True
     frame = frame.f_back
   return in_tf, in_monitored
+
+
+def in_session_run(thread_id: int) -> bool:
+  """Whether thread `thread_id` is blocked in (or running) a TensorFlow session.run."""
+  frame = sys._current_frames().get(thread_id)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code.co_name == "_call_tf_sessionrun":
+      return True
+    frame = frame.f_back
+  return False
 
 
 def exit_after(secs: float) -> None:

@@ -78,6 +78,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     self._threads: List[threading.Thread] = []
     self._liveness: Optional[LivenessMonitor] = None
     self._stop_error: Optional[Exception] = None
+    self._step_thread: Optional[int] = None
     self._epoch_fn: Callable[[], Optional[int]] = lambda: None
     self._on_aggregated: List[Callable[[Any, int], None]] = []
     self._loop: Optional[AggregationLoop] = None
@@ -148,6 +149,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     if not self._train_names.intersection(getattr(f, "name", f) for f in fetches):
       return None
     self._step.start()
+    self._step_thread = threading.get_ident()
     return self._step_args
 
   def after_run(self, run_context, run_values) -> None:
@@ -263,6 +265,24 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       logging.error("%s: %s; the step's ps does not take the ABORT token, so this process ends "
                     "in %.0f s (exit status 1)", self.task_name, error, _EXIT_GRACE_SECS)
       process_exit.exit_after(_EXIT_GRACE_SECS)
+    elif self._step.waited() is not None and self._step_thread is not None:
+      threading.Thread(target=self._exit_unless_step_ends, args=(error, self._step_thread),
+                       daemon=True, name="epochsync-step-end").start()
+
+  def _exit_unless_step_ends(self, error: Exception, thread_id: int) -> None:
+    """The step took its ABORT token or was never waiting for one: a run its own task rejected
+    as a duplicate whose ps part TensorFlow did not cancel waits forever (docs/reliability.md).
+    Such a process ends, so that the job can be restarted from its newest checkpoint."""
+    deadline = time.monotonic() + _EXIT_GRACE_SECS
+    while time.monotonic() < deadline:
+      if self._step.waited() is None or not process_exit.in_session_run(thread_id):
+        return
+      time.sleep(0.1)
+    logging.error("%s: %s; the step did not end on its ABORT token (TensorFlow cannot end a run "
+                  "whose partition on this task it rejected as a duplicate request), so this "
+                  "process ends (exit status 1); restart the job from its model_dir",
+                  self.task_name, error)
+    process_exit.exit_process(1)
 
   def check(self, coord, read: Callable[[], Tuple[int, Sequence[int]]]
             ) -> Optional[StepTimeoutError]:
