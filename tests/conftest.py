@@ -56,10 +56,21 @@ def pytest_pycollect_makemodule(module_path, parent):
   return None
 
 
+VARIANT_REASON = ("a variant of a test the default suite runs in another form (the suite "
+                  "stays near 20 minutes): runs with --all-variants")
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "variant: one more victim, kill point or session form of "
+                          "a fault test; runs with --all-variants")
+
+
 def pytest_collection_modifyitems(config, items):
-  del config  # unused
+  all_variants = config.getoption("--all-variants")
   reason = None
   for item in items:
+    if item.get_closest_marker("variant") and not all_variants:
+      item.add_marker(pytest.mark.skip(reason=VARIANT_REASON))
     if any(fnmatch.fnmatch(item.nodeid, p) for p in HOOKS_CLUSTER_TESTS):
       item.add_marker(pytest.mark.hooks_cluster)
     if item.get_closest_marker("estimator"):
@@ -69,6 +80,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_addoption(parser):
+  parser.addoption(
+      "--all-variants", action="store_true", default=False,
+      help="Also run the fault tests' other victims, kill points and session forms (marker "
+           "`variant`; default: one or a few of each, e.g. ./es test --all-variants "
+           "tests/test_restarts.py).")
   parser.addoption(
       "--stress-runs", type=int, default=1, metavar="N",
       help="How many times each barrier stress test runs its job (default 1; e.g. "

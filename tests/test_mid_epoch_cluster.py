@@ -92,8 +92,9 @@ def test_sync_resumes_inside_the_epoch_exactly_after_a_kill(tmp_path, victim):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("victim, session", [("worker:1", "mts"), ("worker:0", "creators"),
-                                             ("ps:0", "mts")], ids=["worker", "chief", "ps"])
+@pytest.mark.parametrize("victim, session", [
+    pytest.param("worker:1", "mts", marks=pytest.mark.variant), ("worker:0", "creators"),
+    pytest.param("ps:0", "mts", marks=pytest.mark.variant)], ids=["worker", "chief", "ps"])
 def test_hooks_in_tensorflows_own_session_resume_inside_the_epoch(tmp_path, victim, session):
   """TensorFlow's ChiefSessionCreator restores the epoch checkpoint; the chief's
   MidEpochRestoreHook restores the newer mid-epoch one over it before the run starts."""

@@ -54,7 +54,8 @@ def _assert_resumed_exactly(model_dir, attempts):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("victim", ["worker:2", "worker:0", "ps:0"],
+@pytest.mark.parametrize("victim", [pytest.param("worker:2", marks=pytest.mark.variant),
+                                    "worker:0", pytest.param("ps:0", marks=pytest.mark.variant)],
                          ids=["worker", "chief", "ps"])
 def test_a_relaunched_job_resumes_exactly_after_a_kill(tmp_path, victim):
   model_dir = str(tmp_path / "model")
