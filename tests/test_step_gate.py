@@ -69,3 +69,33 @@ def test_local_mode_gates_nothing():
     epoch_input.hook.begin()
     assert not graph.get_collection(graph_keys.GATED_TASKS)
     assert not [op for op in graph.get_operations() if op.type == "Timestamp"]
+
+
+def test_the_chiefs_aggregation_run_has_no_partition_on_the_chiefs_own_task():
+  """TensorFlow can reject a run's partition on the chief's own task alone, after its ps part
+  ran: the aggregation must have none (it stores its result on the ps; a read fetches it)."""
+  import portpicker  # pylint: disable=import-outside-toplevel
+  ports = [portpicker.pick_unused_port() for _ in range(2)]
+  cluster = tf.train.ClusterSpec({"ps": [f"localhost:{ports[0]}"],
+                                  "worker": [f"localhost:{ports[1]}"]})
+  ps = tf.distribute.Server(cluster, job_name="ps", task_index=0)
+  worker = tf.distribute.Server(cluster, job_name="worker", task_index=0)
+  del ps  # serves in this process until the end of the test
+  with tf.Graph().as_default():
+    with v1.device(v1.train.replica_device_setter(cluster=cluster,
+                                                  worker_device="/job:worker/task:0")):
+      global_step = v1.train.get_or_create_global_step()
+      w = v1.get_variable("w", [2], initializer=v1.zeros_initializer(), use_resource=False)
+      opt = WorkerDoneSyncReplicasOptimizer(v1.train.GradientDescentOptimizer(0.1), 1, 0)
+      opt.minimize(tf.reduce_sum(w * w), global_step=global_step)
+    ops = opt.sync_ops
+    with v1.Session(worker.target) as session:
+      session.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
+      session.run(ops.chief_init_op)
+      session.run(ops.stop_op)  # a STOP marker: the aggregation returns at once
+      metadata = v1.RunMetadata()
+      session.run(ops.aggregate_and_store_op, run_metadata=metadata,
+                  options=v1.RunOptions(output_partition_graphs=True))
+      devices = {node.device for graph in metadata.partition_graphs for node in graph.node}
+      assert devices == {"/job:ps/replica:0/task:0/device:CPU:0"}
+      assert session.run(ops.last_aggregate) < 0  # what it stored: the STOP

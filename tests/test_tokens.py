@@ -272,10 +272,13 @@ class _AggregationSession:
 
   def __init__(self, sync_ops, grads):
     self.ops, self.grads, self.completed, self.runs = sync_ops, iter(grads), 0, 0
+    self.last = None
 
   def make_callable(self, fetch):
-    del fetch  # unused
-    return lambda: next(self.grads)
+    if fetch is self.ops.aggregate_and_store_op:  # a run on the ps: stores, returns nothing
+      return lambda: setattr(self, "last", next(self.grads))
+    assert fetch is self.ops.last_aggregate, fetch
+    return lambda: self.last
 
   def run(self, fetches):
     self.runs += 1

@@ -2,11 +2,14 @@
 
 Each run takes one step's markers, applies the mean of that step's gradients and hands out the
 tokens; a run that returns 0 ends the epoch (every active worker sent DONE), and the chief
-then counts the epoch; a negative one (a STOP marker) ends the loop. A run that a ps rejected
-as a duplicate request changed nothing and runs again (hooks.faults.step_retry).
+then counts the epoch; a negative one (a STOP marker) ends the loop. The run is on the ps
+tasks only and stores what it returns there; a second run reads it. A run that TensorFlow
+rejected as a duplicate request (hooks.faults.step_retry) therefore changed nothing (it has
+no partition on this task, and its markers wait for every ps) and runs again; so does the read.
 
 Typical usage (SafeSyncTokensHook's thread on the chief):
-  loop = AggregationLoop("worker:0", ops.aggregate_op, ops.count_epoch_op)
+  loop = AggregationLoop("worker:0", ops.aggregate_and_store_op, ops.last_aggregate,
+                         ops.count_epoch_op)
   loop.run(session, coord.should_stop)   # until STOP or a closed marker queue; raises errors
 """
 
@@ -24,10 +27,11 @@ class AggregationLoop:
   """Counts what it aggregated: `num_updates` (runs that applied gradients) and
   `num_aggregations` (all runs but the last)."""
 
-  def __init__(self, task_name: str, aggregate_op: tf.Tensor, count_epoch_op: tf.Tensor,
+  def __init__(self, task_name: str, aggregate_and_store: tf.Operation, last: tf.Tensor,
+               count_epoch_op: tf.Tensor,
                listeners: Optional[List[Callable[[Any, int], None]]] = None):
     self.task_name = task_name
-    self._aggregate_op, self._count_epoch_op = aggregate_op, count_epoch_op
+    self._aggregate, self._last, self._count_epoch_op = aggregate_and_store, last, count_epoch_op
     self.num_updates = 0
     self.num_aggregations = 0
     self._listeners = listeners if listeners is not None else []
@@ -39,12 +43,14 @@ class AggregationLoop:
   def run(self, session, should_stop: Callable[[], bool]) -> None:
     """Aggregates until a STOP marker, a closed marker queue or `should_stop()`."""
     updates_at_epoch_start = 0
-    aggregate = session.make_callable(self._aggregate_op)  # As stock's queue runner.
-    retryable = lambda e: step_retry.run_retryable(e, self.task_name)
+    aggregate = session.make_callable(self._aggregate)  # As stock's queue runner.
+    last = session.make_callable(self._last)
+    rejected = lambda e: bool(step_retry.rejecting_tasks(e))  # by any task: nothing ran
     try:
       while not should_stop():
-        grads = step_retry.run_retrying(aggregate, "the aggregation run", self.task_name,
-                                        retryable)
+        step_retry.run_retrying(aggregate, "the aggregation run", self.task_name, rejected)
+        grads = step_retry.run_retrying(last, "the read of the aggregation", self.task_name,
+                                        rejected)
         if grads < 0:
           logging.info("%s: aggregation stopped after %d updates", self.task_name,
                        self.num_updates)

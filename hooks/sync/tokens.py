@@ -120,7 +120,8 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     # run's own deadline only backs it up: a save of the chief's may stall a step for long.
     self._step_args = _v1.train.SessionRunArgs(None, options=run_options(MAX_WAIT_SECS))
     self._heartbeat_rows = heartbeat.rows_op(len(self._names), self._ops.diagnostics[0].device)
-    self._loop = AggregationLoop(self.task_name, self._ops.aggregate_op, self._ops.count_epoch_op,
+    self._loop = AggregationLoop(self.task_name, self._ops.aggregate_and_store_op,
+                                 self._ops.last_aggregate, self._ops.count_epoch_op,
                                  listeners=self._on_aggregated)  # shared: added to until started
 
   def after_create_session(self, session, coord) -> None:
