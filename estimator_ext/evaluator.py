@@ -119,6 +119,77 @@ def _failed_training_tasks(model_dir: str, since: float,
   return failed
 
 
+class _Waiter:
+  """The evaluator's waits for what the chief writes to model_dir, polled every 0.5 s: bounded
+  by the training tasks' progress (else elapsed time), ended early by a dead chief or a failed
+  training task (its exit record), logging what it waits for every log period."""
+
+  def __init__(self, model_dir: str, config, liveness: Optional[LivenessMonitor],
+               clock: Callable[[], float], sleep: Callable[[float], None],
+               progress: Optional[Callable[[], Any]]):
+    self._model_dir, self._config, self._liveness = model_dir, config, liveness
+    self._clock, self._sleep, self._progress = clock, sleep, progress
+    self._task, self._chief = config.task_name, config.worker_names[0]
+    self.since = 0.0  # Exit records older than this belong to an earlier run.
+
+  def wait_for(self, found: Callable[[], Any], what: str, limit: float, flag: str,
+               progress: Callable[[], str]) -> Any:
+    """found()'s first non-None value, polled every 0.5 s for at most `limit` seconds (without
+    progress of the training tasks, when their heartbeats are read)."""
+    clock, settings, names = self._clock, self._config.settings, self._config.worker_names
+    logging.info("%s waiting for %s in %s", self._task, what, self._model_dir)
+    waited_from, next_log = clock(), clock() + settings.log_every_secs
+    watch = self._progress and heartbeat.ProgressWatch(self._progress, names, clock)
+    everyone = range(len(names))
+    value = found()
+    while value is None and clock() - (watch.moved_at if watch else waited_from) < limit:
+      if watch:
+        watch.observe(everyone)
+      if clock() >= next_log:
+        next_log = clock() + settings.log_every_secs
+        waited = clock() - waited_from
+        stalled = clock() - watch.moved_at if watch else waited
+        level = logging.WARNING if stalled > settings.warn_after_secs else logging.INFO
+        logging.log(level, "%s still waiting for %s after %.0f s: %s%s", self._task, what,
+                    waited, progress(), f"; {watch.describe(everyone)}" if watch else "")
+      if self._ended_early(found, what):
+        return found()
+      self._sleep(_POLL_SECS)
+      value = found()
+    if value is None:
+      quiet = f", the last {limit:g} s without progress of the training tasks," if watch else ""
+      detail = f"; {watch.describe(everyone)}" if watch else ""
+      message = (f"{self._task} timed out after {clock() - waited_from:.0f} s{quiet} (limit "
+                 f"{limit:g} s) waiting for {what} in {self._model_dir}: {progress()}{detail}; "
+                 f"missing {self._chief} (check its log, that every task has the same "
+                 f"model_dir, or raise {flag})")
+      logging.error(message)
+      raise EvaluatorTimeoutError(message, [self._chief])
+    return value
+
+  def _ended_early(self, found: Callable[[], Any], what: str) -> bool:
+    """True if the wait is over because its value came as the chief or a training task ended;
+    raises TaskDiedError if they ended without it."""
+    if self._liveness is not None:
+      try:
+        self._liveness.check([self._chief], f"for {what}")
+      except TaskDiedError:
+        if found() is None:  # What it waited for may have come just before the chief exited.
+          raise
+        return True
+    failed = _failed_training_tasks(self._model_dir, self.since, self._liveness)
+    if not failed:
+      return False
+    if found() is None:
+      errors = "; ".join(f"{name}: {error}" for name, error in sorted(failed.items()))
+      message = (f"{self._task} stopped waiting for {what} in {self._model_dir}: training "
+                 f"task(s) {', '.join(sorted(failed))} failed ({errors}); fix that and restart "
+                 "the whole job (every task) from the same model_dir")
+      logging.error("%s", message)
+      raise TaskDiedError(message, sorted(failed)[0], f"for {what}")
+    return True
+
+
 def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonitor] = None,
                   clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep,
@@ -145,60 +216,11 @@ def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonit
       (naming each and its error).
   """
   model_dir, task = estimator.model_dir, config.task_name
-  progress_of_training = progress
   chief = config.worker_names[0]
   settings = config.settings
   start = clock()
-
-  def wait_for(found: Callable[[], Any], what: str, limit: float, flag: str,
-               progress: Callable[[], str]) -> Any:
-    """found()'s first non-None value, polled every 0.5 s for at most `limit` seconds."""
-    logging.info("%s waiting for %s in %s", task, what, model_dir)
-    waited_from, next_log = clock(), clock() + settings.log_every_secs
-    watch = progress_of_training and heartbeat.ProgressWatch(progress_of_training,
-                                                             config.worker_names, clock)
-    everyone = range(len(config.worker_names))
-    value = found()
-    while value is None and clock() - (watch.moved_at if watch else waited_from) < limit:
-      if watch:
-        watch.observe(everyone)
-      if clock() >= next_log:
-        next_log = clock() + settings.log_every_secs
-        waited = clock() - waited_from
-        stalled = clock() - watch.moved_at if watch else waited
-        level = logging.WARNING if stalled > settings.warn_after_secs else logging.INFO
-        logging.log(level, "%s still waiting for %s after %.0f s: %s%s", task, what, waited,
-                    progress(), f"; {watch.describe(everyone)}" if watch else "")
-      if liveness is not None:
-        try:
-          liveness.check([chief], f"for {what}")
-        except TaskDiedError:
-          value = found()  # What it waited for may have come just before the chief exited.
-          if value is None:
-            raise
-          break
-      failed = _failed_training_tasks(model_dir, since[0], liveness)
-      if failed:
-        value = found()
-        if value is None:
-          errors = "; ".join(f"{name}: {error}" for name, error in sorted(failed.items()))
-          message = (f"{task} stopped waiting for {what} in {model_dir}: training task(s) "
-                     f"{', '.join(sorted(failed))} failed ({errors}); fix that and restart the "
-                     "whole job (every task) from the same model_dir")
-          logging.error("%s", message)
-          raise TaskDiedError(message, sorted(failed)[0], f"for {what}")
-        break
-      sleep(_POLL_SECS)
-      value = found()
-    if value is None:
-      quiet = f", the last {limit:g} s without progress of the training tasks," if watch else ""
-      detail = f"; {watch.describe(everyone)}" if watch else ""
-      message = (f"{task} timed out after {clock() - waited_from:.0f} s{quiet} (limit {limit:g} s) "
-                 f"waiting for {what} in {model_dir}: {progress()}{detail}; missing {chief} (check "
-                 f"its log, that every task has the same model_dir, or raise {flag})")
-      logging.error(message)
-      raise EvaluatorTimeoutError(message, [chief])
-    return value
+  waiter = _Waiter(model_dir, config, liveness, clock, sleep, progress)
+  wait_for = waiter.wait_for
 
   def audit_reaching(epoch: int) -> Optional[List[Dict[str, Any]]]:
     audit = read_audit(model_dir)
@@ -210,13 +232,13 @@ def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonit
 
   # A failure recorded before this evaluator started and before the chief's run record belongs
   # to an earlier run (each training task clears its own record when it starts).
-  started_at, since = time.time(), [0.0]
+  started_at = time.time()
   record_path = os.path.join(model_dir, RUN_RECORD_FILENAME)
   record = wait_for(lambda: read_run_record(model_dir), f"{chief}'s run record",
                     settings.startup_timeout_secs, "--epochsync_startup_timeout_secs",
                     lambda: f"{chief} has not started training")
   check_run_record(record, config, record_path)
-  since[0] = min(started_at, record.get("written_at", 0.0))
+  waiter.since = min(started_at, record.get("written_at", 0.0))
   done = {line["epoch"]: line for line in eval_log.read_eval_log(model_dir, task,
                                                                  eval_spec.name)}
   if done:

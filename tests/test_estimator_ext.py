@@ -410,7 +410,7 @@ class TestTrainingHooks:
     assert args[2].save_checkpoint_steps == 7 and args[2].save_checkpoint_secs == 0
     assert kwargs["sync_hook"] is hooks[len(first) - 1]
     assert kinds.count("SafeSyncTokensHook") == 1
-    assert kinds.count("RunStartHook") == 1 and kinds[-1] == "_EpochDriverHook"
+    assert kinds.count("RunStartHook") == 1 and kinds[-1] == "EpochDriverHook"
     assert kinds.index("WorkerDoneHook") < kinds.index("EpochBarrierHook")
     # The chief's step counter must not take a read that raced the sync update for a stuck step.
     assert "StepCounterHook" not in kinds

@@ -94,25 +94,23 @@ def test_a_stop_whose_abort_token_cannot_be_delivered_ends_the_process(monkeypat
 
 
 def test_a_step_that_does_not_end_on_its_abort_token_ends_the_process(monkeypatch, caplog):
-  """A run its own task rejected, whose ps part TensorFlow never cancelled, waits forever."""
+  """A run TensorFlow rejected on one partition and never cancelled on another waits forever."""
   import threading
   from hooks.faults import process_exit
-  from hooks.sync import tokens
-  monkeypatch.setattr(tokens, "_EXIT_GRACE_SECS", 0.5)
-  exits, release = [], threading.Event()
+  from hooks.sync import blocked_step
+  monkeypatch.setattr(blocked_step, "EXIT_GRACE_SECS", 0.5)
+  exits, release, started = [], threading.Event(), threading.Event()
   monkeypatch.setattr(process_exit, "exit_process", exits.append)
+  hook, opt = _hook()
 
   def _call_tf_sessionrun():  # the name TensorFlow's blocked session.run has on the stack
+    _start_step(hook, opt.sync_ops.train_op)  # in this thread: the step's thread
+    started.set()
     release.wait(10)
 
-  hook, opt = _hook()
-  _start_step(hook, opt.sync_ops.train_op)
-  hook._step_thread = None  # pylint: disable=protected-access
-  stuck = threading.Thread(target=lambda: (setattr(hook, "_step_thread", threading.get_ident()),
-                                           _call_tf_sessionrun()), daemon=True)
+  stuck = threading.Thread(target=_call_tf_sessionrun, daemon=True)
   stuck.start()
-  while hook._step_thread is None:  # pylint: disable=protected-access
-    pass
+  started.wait(5)
   error = StepTimeoutError("step 3 timed out after 30 s on worker:1: ...", ["worker:1"])
   hook._stop_now(_AbortSession(True), _Coord(), error)  # pylint: disable=protected-access
   deadline = time.monotonic() + 5
@@ -121,12 +119,17 @@ def test_a_step_that_does_not_end_on_its_abort_token_ends_the_process(monkeypatc
   release.set()
   assert exits == [1]
   assert "the step did not end on its ABORT token" in caplog.text
-  # A step that ends (after_run) in time keeps the process.
+  # A step that ends in time (after_run) keeps the process.
   exits.clear()
-  _start_step(hook, opt.sync_ops.train_op)
+  release.clear()
+  stuck = threading.Thread(target=_call_tf_sessionrun, daemon=True)
+  started.clear()
+  stuck.start()
+  started.wait(5)
   hook._stop_now(_AbortSession(True), _Coord(), error)  # pylint: disable=protected-access
   hook._step.finish()  # pylint: disable=protected-access
   time.sleep(1.0)
+  release.set()
   assert not exits
 
 

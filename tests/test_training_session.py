@@ -194,7 +194,7 @@ class TestWiring:
                      SyncStepCounterHook, v1.train.SummarySaverHook, _User,
                      type(session.hooks[-1])]
     assert session.hooks[11] is chief_only and session.hooks[14] is user
-    assert session.hooks[-1].__class__.__name__ == "_EpochDriverHook"  # always last
+    assert session.hooks[-1].__class__.__name__ == "EpochDriverHook"  # always last
     assert isinstance(session.session_creator, EpochSyncChiefSessionCreator)
     assert session.session_creator._checkpoint_dir == "/tmp/m"
     assert session.session_creator._liveness is liveness.monitor_for(CHIEF)  # names dead tasks
@@ -206,7 +206,7 @@ class TestWiring:
                        chief_only_hooks=[_User()])
     kinds = [type(h).__name__ for h in session.hooks]
     assert kinds == ["RecoveryGuardHook", "RunStartHook", "SafeSyncTokensHook", "WorkerDoneHook",
-                     "EpochBarrierHook", "MidEpochResume", "EpochProgressHook", "_EpochDriverHook"]
+                     "EpochBarrierHook", "MidEpochResume", "EpochProgressHook", "EpochDriverHook"]
     creator = session.session_creator
     assert isinstance(creator, FastWorkerSessionCreator)
     assert creator._poll_secs == 0.5  # TensorFlow's WorkerSessionCreator: 30 s

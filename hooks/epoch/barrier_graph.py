@@ -82,19 +82,8 @@ def build(n: int, worker_id: int, num_epochs: int, ps_device: str) -> BarrierOps
     fetched = _packed(arrivals) if n > 1 else []  # 2 tensors to fetch instead of 8
     gather = (fetched, stored)
     # The chief's release reads global_step (for the audit) while everyone is still held.
-    # A copy, not tf.identity: an Identity of a ref variable aliases its buffer, so the
-    # fetched value would be serialized after the release, with the steps that the released
-    # workers have taken since in it. And `+ 0` with a fed zero: grappler turns `x + 0` with
-    # a constant zero back into an Identity when the run's graph has no assign op.
-    global_step = _v1.train.get_global_step()
     zero = _v1.placeholder(tf.int64, [], "zero")
-
-    def step_now(name: str) -> tf.Tensor:  # Read when this op runs (within its dependencies).
-      return (tf.add(tf.cast(global_step, tf.int64), zero, name=name)
-              if global_step is not None
-              else tf.constant(-1, tf.int64, name=name))
-
-    step = step_now("global_step_at_release")
+    step = _step_now(zero, "global_step_at_release")
     release_value = _v1.placeholder(tf.int64, [], "release")
     with tf.control_dependencies([step]):
       release = tf.group(*[q.enqueue([release_value]) for q in release_qs[1:]])
@@ -102,28 +91,46 @@ def build(n: int, worker_id: int, num_epochs: int, ps_device: str) -> BarrierOps
     # Without chief actions the chief releases in the gather's own run, on the ps the moment
     # the last arrival is in (no round trip through the chief): every arrival's seq, worker
     # count and num_epochs match and the ids are exactly 1..n-1, or everyone is refused.
-    if n > 1:
-      ids, seqs, *_, counts, epochs = arrivals
-      agree = tf.reduce_all([
-          tf.reduce_all(tf.equal(seqs, seq)),
-          tf.reduce_all(tf.equal(counts, n)),
-          tf.reduce_all(tf.equal(epochs, num_epochs)),
-          tf.reduce_all(tf.equal(tf.sort(ids), tf.range(1, n, dtype=ids.dtype)))])
-      value = tf.where(agree, seq, tf.constant(REFUSED, tf.int64))
-    else:
-      value = seq
+    value = _release_value(arrivals, seq, n, num_epochs) if n > 1 else seq
     with tf.control_dependencies([stored]):
-      gathered_step = step_now("global_step_at_gather")  # after the arrivals, a copy
+      gathered_step = _step_now(zero, "global_step_at_gather")  # after the arrivals, a copy
     with tf.control_dependencies([gathered_step]):
       released = tf.group(*[q.enqueue([value]) for q in release_qs[1:]])
     gather_and_release = (fetched, stored, released, gathered_step)
-    # What an earlier run on this ps left behind (e.g. an abort release) is drained at start.
-    drains = [q.dequeue_many(q.size()) for q in [arrive_q] + release_qs]
-    _v1.add_to_collection(graph_keys.RESET_OPS, tf.group(
-        *tf.nest.flatten(drains), arrived.assign(tf.fill([n], tf.constant(-1, tf.int64))),
-        name="reset"))
+    _v1.add_to_collection(graph_keys.RESET_OPS, _reset_op(arrive_q, release_qs, arrived, n))
   return BarrierOps(completed, arrived, seq, stats, times, new_completed, zero, release_value,
                     mark_arrived, arrive_and_wait, gather, release, gather_and_release)
+
+
+def _step_now(zero: tf.Tensor, name: str) -> tf.Tensor:
+  """global_step as an int64 copy read when this op runs (within its dependencies), -1 if the
+  graph has none. A copy, not tf.identity: an Identity of a ref variable aliases its buffer, so
+  the fetched value would be serialized later, with the steps taken since in it. And `+ 0`
+  with a fed zero: grappler turns `x + 0` with a constant zero back into an Identity when the
+  run's graph has no assign op."""
+  global_step = _v1.train.get_global_step()
+  if global_step is None:
+    return tf.constant(-1, tf.int64, name=name)
+  return tf.add(tf.cast(global_step, tf.int64), zero, name=name)
+
+
+def _release_value(arrivals, seq: tf.Tensor, n: int, num_epochs: int) -> tf.Tensor:
+  """`seq` when every arrival's seq, worker count and num_epochs match and the ids are exactly
+  1..n-1, else REFUSED (everyone is refused)."""
+  ids, seqs, *_, counts, epochs = arrivals
+  agree = tf.reduce_all([
+      tf.reduce_all(tf.equal(seqs, seq)),
+      tf.reduce_all(tf.equal(counts, n)),
+      tf.reduce_all(tf.equal(epochs, num_epochs)),
+      tf.reduce_all(tf.equal(tf.sort(ids), tf.range(1, n, dtype=ids.dtype)))])
+  return tf.where(agree, seq, tf.constant(REFUSED, tf.int64))
+
+
+def _reset_op(arrive_q, release_qs, arrived: tf.Variable, n: int) -> tf.Operation:
+  """Drains what an earlier run on this ps left behind (e.g. an abort release) at start."""
+  drains = [q.dequeue_many(q.size()) for q in [arrive_q] + release_qs]
+  return tf.group(*tf.nest.flatten(drains),
+                  arrived.assign(tf.fill([n], tf.constant(-1, tf.int64))), name="reset")
 
 
 def _packed(arrivals) -> Tuple[tf.Tensor, tf.Tensor]:

@@ -22,7 +22,7 @@ Typical usage:
 """
 
 import inspect
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -101,16 +101,8 @@ def monitored_training_session(
     ConfigError: listing every problem (mid-epoch checkpoints, is_chief or the optimizer's
       worker disagreeing with the cluster, a stock SyncReplicasOptimizer hook, ...) with its fix.
   """
-  problems: List[str] = []
-  if not isinstance(epoch_input, EpochInput):
-    problems.append(f"epoch_input={epoch_input!r} must be the EpochInput the model reads from "
-                    "(hooks.EpochInput(shard_dataset, num_epochs, task_name))")
-  if settings is not None and not isinstance(settings, EpochSyncSettings):
-    problems.append(f"settings={settings!r} must be an EpochSyncSettings or None")
-  if not master:
-    problems.append("master='' would run a local in-process session that cannot reach the ps "
-                    "tasks; pass master=server.target (this task's tf.distribute.Server)")
-  raise_if_problems(problems, "monitored_training_session arguments")
+  raise_if_problems(_argument_problems(epoch_input, settings, master),
+                    "monitored_training_session arguments")
 
   if settings is None or cluster is None:
     from hooks.config import flags as epochsync_flags  # pylint: disable=g-import-not-at-top
@@ -124,12 +116,8 @@ def monitored_training_session(
   problems += more + _hook_problems(hooks + chief_only_hooks)
   raise_if_problems(problems, "monitored_training_session arguments")
 
-  if save_summaries_steps is USE_DEFAULT and save_summaries_secs is USE_DEFAULT:
-    save_summaries_steps, save_summaries_secs = 100, None
-  elif save_summaries_secs is USE_DEFAULT:
-    save_summaries_secs = None
-  elif save_summaries_steps is USE_DEFAULT:
-    save_summaries_steps = None
+  save_summaries_steps, save_summaries_secs = _summary_period(save_summaries_steps,
+                                                             save_summaries_secs)
   if max_wait_secs is USE_DEFAULT:
     max_wait_secs = settings.startup_timeout_secs
   scaffold = scaffold or _v1.train.Scaffold()
@@ -143,15 +131,8 @@ def monitored_training_session(
   monitor = liveness_lib.monitor_for(cluster)  # the same monitor as the epoch hooks' 
   all_hooks = epoch_hooks
   if cluster.is_chief:
-    all_hooks += chief_only_hooks
-    if summary_dir and log_step_count_steps and log_step_count_steps > 0:
-      all_hooks.append(SyncStepCounterHook(output_dir=summary_dir,
-                                           every_n_steps=log_step_count_steps))
-    if summary_dir and ((save_summaries_steps and save_summaries_steps > 0) or
-                        (save_summaries_secs and save_summaries_secs > 0)):
-      all_hooks.append(_v1.train.SummarySaverHook(
-          scaffold=scaffold, save_steps=save_summaries_steps, save_secs=save_summaries_secs,
-          output_dir=summary_dir))
+    all_hooks += chief_only_hooks + _summary_hooks(scaffold, summary_dir, log_step_count_steps,
+                                                   save_summaries_steps, save_summaries_secs)
     creator = EpochSyncChiefSessionCreator(
         scaffold=scaffold, master=master, config=session_config, checkpoint_dir=checkpoint_dir,
         liveness=monitor, startup_timeout_secs=max_wait_secs, task_name=cluster.task_name)
@@ -166,6 +147,40 @@ def monitored_training_session(
                ", ".join(type(h).__name__ for h in all_hooks))
   return _v1.train.MonitoredSession(session_creator=creator, hooks=all_hooks,
                                     stop_grace_period_secs=stop_grace_period_secs)
+
+
+def _argument_problems(epoch_input: Any, settings: Any, master: str) -> List[str]:
+  problems = []
+  if not isinstance(epoch_input, EpochInput):
+    problems.append(f"epoch_input={epoch_input!r} must be the EpochInput the model reads from "
+                    "(hooks.EpochInput(shard_dataset, num_epochs, task_name))")
+  if settings is not None and not isinstance(settings, EpochSyncSettings):
+    problems.append(f"settings={settings!r} must be an EpochSyncSettings or None")
+  if not master:
+    problems.append("master='' would run a local in-process session that cannot reach the ps "
+                    "tasks; pass master=server.target (this task's tf.distribute.Server)")
+  return problems
+
+
+def _summary_period(steps: Any, secs: Any) -> Tuple[Any, Any]:
+  """MonitoredTrainingSession's defaults: every 100 steps unless either is given."""
+  if steps is USE_DEFAULT and secs is USE_DEFAULT:
+    return 100, None
+  return (None if steps is USE_DEFAULT else steps), (None if secs is USE_DEFAULT else secs)
+
+
+def _summary_hooks(scaffold, summary_dir: Optional[str], log_step_count_steps: int,
+                   save_summaries_steps: Any, save_summaries_secs: Any) -> List[Any]:
+  """The chief's step counter and summary saver, as MonitoredTrainingSession adds them."""
+  hooks = []
+  if summary_dir and log_step_count_steps and log_step_count_steps > 0:
+    hooks.append(SyncStepCounterHook(output_dir=summary_dir, every_n_steps=log_step_count_steps))
+  if summary_dir and ((save_summaries_steps and save_summaries_steps > 0) or
+                      (save_summaries_secs and save_summaries_secs > 0)):
+    hooks.append(_v1.train.SummarySaverHook(
+        scaffold=scaffold, save_steps=save_summaries_steps, save_secs=save_summaries_secs,
+        output_dir=summary_dir))
+  return hooks
 
 
 def _with_save_period(settings: EpochSyncSettings, secs: Any, steps: Any) -> EpochSyncSettings:

@@ -14,11 +14,11 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from hooks.faults import heartbeat
-from hooks.faults import process_exit
 from hooks import log as logging
 from hooks.errors import ConfigError, StepTimeoutError, TaskDiedError
 from hooks.epoch import run_start
 from hooks.sync import arguments as sync_args
+from hooks.sync import blocked_step
 from hooks.sync.aggregation_loop import AggregationLoop
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
 from hooks.faults.step_diagnostics import describe_step
@@ -31,7 +31,6 @@ _v1 = tf.compat.v1
 _PROGRESS_AFTER_SECS = 1.0  # A step that waited this long reads the others' heartbeats.
 _READ_TIMEOUT_SECS = 2.0  # Bound of the watchdog's progress read and of closing the marker queue.
 _JOIN_SECS = 10.0
-_EXIT_GRACE_SECS = 10.0  # After a stop whose ABORT token could not be delivered.
 
 
 class SafeSyncTokensHook(_v1.train.SessionRunHook):
@@ -77,8 +76,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     self._stopping = threading.Event()
     self._threads: List[threading.Thread] = []
     self._liveness: Optional[LivenessMonitor] = None
-    self._stop_error: Optional[Exception] = None
-    self._step_thread: Optional[int] = None
+    self._ender = blocked_step.BlockedStepEnder(self.task_name, self._step)
     self._epoch_fn: Callable[[], Optional[int]] = lambda: None
     self._on_aggregated: List[Callable[[Any, int], None]] = []
     self._loop: Optional[AggregationLoop] = None
@@ -127,7 +125,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
   def after_create_session(self, session, coord) -> None:
     run_start.check_started("SafeSyncTokensHook")
     self._stopping.clear()
-    self._stop_error = None
+    self._ender.error = None
     # The chief's init sets its local step too: one run on the way to the start barrier.
     session.run(self._ops.chief_init_op if self._is_chief else self._ops.local_step_init_op)
     watchdog = threading.Thread(target=self._watch, args=(session, coord), daemon=True,
@@ -150,13 +148,13 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     if not self._train_names.intersection(getattr(f, "name", f) for f in fetches):
       return None
     self._step.start()
-    self._step_thread = threading.get_ident()
+    self._ender.step_started(threading.get_ident())
     return self._step_args
 
   def after_run(self, run_context, run_values) -> None:
     self._step.finish()
-    if self._stop_error is not None:  # The step ended on an ABORT token.
-      raise self._stop_error
+    if self._ender.error is not None:  # The step ended on an ABORT token.
+      raise self._ender.error
 
   def end(self, session) -> None:
     """Stops the threads: STOP markers end the aggregation run cleanly.
@@ -174,12 +172,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
                         _JOIN_SECS)
 
   def _run_bounded(self, session, op, what: str) -> bool:
-    try:
-      session.run(op, options=run_options(_READ_TIMEOUT_SECS))
-      return True
-    except tf.errors.OpError as e:
-      logging.warning("%s: could not %s: %s", self.task_name, what, e.message)
-      return False
+    return blocked_step.run_bounded(session, op, self.task_name, what)
 
   def _aggregate(self, session, coord) -> None:
     """Chief thread: the aggregation loop; an error stops the session (and this task's step)."""
@@ -253,37 +246,8 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     return what + ("" if epoch is None else f" in epoch {epoch}")
 
   def _stop_now(self, session, coord, error: Exception) -> None:
-    """Stops the session with `error`; an ABORT token ends this task's step blocked on its token.
-
-    (Closing the session instead would wait for that very step: TensorFlow does not cancel
-    it.) The next after_run() or should_stop() then raises `error`.
-    """
-    self._stop_error = error
-    coord.request_stop((type(error), error, None))
-    if not self._run_bounded(session, self._ops.abort_step_op, "end the blocked step"):
-      # The token queue's ps does not answer (frozen, partitioned): nothing can end the step's
-      # run before its 7-day backstop, so the process ends instead of hanging.
-      logging.error("%s: %s; the step's ps does not take the ABORT token, so this process ends "
-                    "in %.0f s (exit status 1)", self.task_name, error, _EXIT_GRACE_SECS)
-      process_exit.exit_after(_EXIT_GRACE_SECS)
-    elif self._step.waited() is not None and self._step_thread is not None:
-      threading.Thread(target=self._exit_unless_step_ends, args=(error, self._step_thread),
-                       daemon=True, name="epochsync-step-end").start()
-
-  def _exit_unless_step_ends(self, error: Exception, thread_id: int) -> None:
-    """The step took its ABORT token or was never waiting for one: a run its own task rejected
-    as a duplicate whose ps part TensorFlow did not cancel waits forever (docs/reliability.md).
-    Such a process ends, so that the job can be restarted from its newest checkpoint."""
-    deadline = time.monotonic() + _EXIT_GRACE_SECS
-    while time.monotonic() < deadline:
-      if self._step.waited() is None or not process_exit.in_session_run(thread_id):
-        return
-      time.sleep(0.1)
-    logging.error("%s: %s; the step did not end on its ABORT token (TensorFlow cannot end a run "
-                  "whose partition on this task it rejected as a duplicate request), so this "
-                  "process ends (exit status 1); restart the job from its model_dir",
-                  self.task_name, error)
-    process_exit.exit_process(1)
+    """Stops the session with `error` and ends this task's step (hooks.sync.blocked_step)."""
+    self._ender.stop(session, coord, error, self._ops.abort_step_op)
 
   def check(self, coord, read: Callable[[], Tuple[int, Sequence[int]]]
             ) -> Optional[StepTimeoutError]:

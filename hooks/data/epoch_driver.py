@@ -1,0 +1,179 @@
+"""EpochInput's session hook: sees each epoch's end after a step and drives the listeners.
+
+After every step that read a batch it knows from the look-ahead whether the shard has another
+one; at the end it calls the listeners' `epoch_ended` (done signal, barrier, chief save),
+starts the next epoch with a fresh iterator (skipping empty shards' epochs at once), and stops
+the session after `num_epochs`. A resumed epoch skips the batches a mid-epoch checkpoint holds.
+
+Typical usage (EpochInput builds it; give `epoch_input.hook` to the session):
+  hook = EpochDriverHook(epoch_input)
+  with tf.compat.v1.train.MonitoredSession(..., hooks=[..., hook]) as sess: ...
+"""
+
+import time
+from typing import Any, Dict, List
+
+import tensorflow as tf
+
+from hooks import graph_keys
+from hooks import log as logging
+from hooks.config import preflight
+from hooks.data import input_graph
+from hooks.data import step_gate
+from hooks.data.epoch_listener import EpochStats
+from hooks.errors import EpochIncompleteError, raise_if_problems
+from hooks.faults.waiting import run_options
+
+__all__ = ["EpochDriverHook"]
+
+_v1 = tf.compat.v1
+_RUN_TIMEOUT_SECS = 60.0  # The cardinality read: a local op that inspects the pipeline only.
+
+
+class EpochDriverHook(_v1.train.SessionRunHook):
+  """Detects each epoch's end after a step and runs the listeners; see EpochInput."""
+
+  def __init__(self, epoch_input: "EpochInput"):
+    self._input = epoch_input
+    self._consumers: Dict[Any, bool] = {}
+    self._epoch = 0
+    self._finished = False
+    self._batches = self._examples = self._skip = self._skipped = self._skipped_examples = 0
+    self._started_at = 0.0
+    self.history: List[EpochStats] = []
+
+  @property
+  def epoch(self) -> int:
+    return self._epoch
+
+  @property
+  def batches(self) -> int:
+    """Batches this worker trained so far in the current epoch."""
+    return self._batches
+
+  @property
+  def examples(self) -> int:
+    """Examples this worker trained so far in the current epoch."""
+    return self._examples
+
+  @property
+  def epoch_started_at(self) -> float:
+    """time.time() when the current epoch started on this worker."""
+    return self._started_at
+
+  def begin(self):
+    self._graph = _v1.get_default_graph()
+    lookahead_ops = self._input._lookahead
+    step_gate.install(lookahead_ops.read_ops, lookahead_ops.dequeue_op.device)
+    start_ops = [self._input._iterator.initializer, self._input._set_epoch] + (
+        _v1.get_collection(graph_keys.EPOCH_START_OPS))
+    # One run starts an epoch: a fresh iterator, the epoch tensor, e.g. the sync optimizer's
+    # local step, and then the look-ahead's first batch (whether the shard is empty).
+    with tf.name_scope("epochsync_input/start"):
+      self._start_and_preload = self._input._lookahead.start(start_ops)
+    name = self._input.task_name
+    hooks = preflight.hooks_of_calling_session(self)
+    if hooks is None:
+      logging.warning("%s: could not see the session's hooks, so a StopAtStepHook, a "
+                      "CheckpointSaverHook or a missing SafeSyncTokensHook is not refused "
+                      "before the first step", name)
+    else:
+      raise_if_problems(preflight.session_hooks_problems(hooks, name), f"session hooks of {name}")
+
+  def after_create_session(self, session, coord):
+    name = self._input.task_name
+    cardinality = session.run(self._input._cardinality, options=run_options(_RUN_TIMEOUT_SECS))
+    raise_if_problems(preflight.finite_dataset_problems(cardinality, name),
+                      f"dataset of {name}")
+    listeners = self._input.listeners
+    start = max([s for s in (l.start_epoch(session) for l in listeners) if s is not None],
+                default=0)
+    self._epoch = start
+    self._skip = max([k for k in (l.resume_batches(session, start) for l in listeners)
+                      if k is not None], default=0)
+    for listener in listeners:
+      listener.session_created(session, start)
+    if start >= self._input.num_epochs:
+      logging.info("%s: all %d epochs were already trained; nothing to do",
+                   self._input.task_name, self._input.num_epochs)
+    if self._start_epochs_until_data(session):
+      coord.request_stop()
+
+  def _start_epochs_until_data(self, session) -> bool:
+    """Starts the next epoch; ends at once epochs where the shard is empty. True when done."""
+    while self._epoch < self._input.num_epochs:
+      self._started_at = time.time()
+      self._skipped, self._skip = self._skip, 0  # Counted in the epoch's batches.
+      self._skipped_examples = self._count_skipped_examples(session)
+      self._batches, self._examples = self._skipped, self._skipped_examples
+      has_value = session.run(self._start_and_preload, {
+          self._input._epoch_value: self._epoch, self._input._skip: self._skipped})["has_next"]
+      for listener in self._input.listeners:
+        listener.epoch_started(session, self._epoch)
+      if has_value:
+        return False
+      logging.info("%s: shard is empty in epoch %d%s", self._input.task_name, self._epoch,
+                   f" after the {self._skipped} batches skipped" if self._skipped else "")
+      self._end_epoch(session)
+    self._finished = True
+    return True
+
+  def _count_skipped_examples(self, session) -> int:
+    """The examples of the batches an earlier attempt trained (0 when none are skipped)."""
+    if not self._skipped:
+      return 0
+    start = time.monotonic()
+    examples = int(session.run(self._input._skipped_examples,
+                               {self._input._skip: self._skipped}))
+    logging.info("%s: the %d batches of epoch %d trained before the resume hold %d examples "
+                 "(counted in %.2f s)", self._input.task_name, self._skipped, self._epoch,
+                 examples, time.monotonic() - start)
+    return examples
+
+  def _end_epoch(self, session) -> None:
+    """Runs the listeners for the epoch this worker just finished."""
+    stats = EpochStats(self._epoch, self._batches, self._examples, self._started_at,
+                       time.time(), self._skipped, self._skipped_examples)
+    if not any(getattr(l, "logs_epoch_end", False) for l in self._input.listeners):
+      logging.info("%s: epoch %d done: %d batches, %d examples in %.2f s", self._input.task_name,
+                   stats.epoch, stats.batches, stats.examples, stats.ended_at - stats.started_at)
+    for listener in self._input.listeners:
+      listener.epoch_ended(session, stats)
+    self.history.append(stats)
+    self._epoch += 1
+
+  def _consumes_input(self, fetches) -> bool:
+    """True if running `fetches` dequeues a batch (cached per fetch structure)."""
+    fetches = tf.nest.flatten(fetches, expand_composites=True)  # SparseTensor -> components
+    key = tuple(getattr(f, "name", f) for f in fetches)
+    if key not in self._consumers:
+      ops = [self._graph.as_graph_element(f) for f in fetches]
+      ops = [o if isinstance(o, tf.Operation) else o.op for o in ops]
+      self._consumers[key] = input_graph.reaches(ops, self._input._lookahead.dequeue_op)
+    return self._consumers[key]
+
+  def before_run(self, run_context):
+    if self._consumes_input(run_context.original_args.fetches):
+      fetches = self._input._lookahead.step_fetches
+      ops = self._input._step_ops
+      return _v1.train.SessionRunArgs({**fetches, "step_ops": ops} if ops else fetches)
+    return None
+
+  def after_run(self, run_context, run_values):
+    if run_values.results is None:
+      return
+    self._batches += 1
+    self._examples += self._input._lookahead.examples(run_values.results)
+    if run_values.results["has_next"]:
+      return
+    self._end_epoch(run_context.session)
+    if self._start_epochs_until_data(run_context.session):
+      run_context.request_stop()
+
+  def end(self, session):
+    if not self._finished:
+      raise EpochIncompleteError(
+          f"{self._input.task_name}: the session ended during epoch {self._epoch} of "
+          f"{self._input.num_epochs} (after {self._batches} batches of it): something stopped "
+          "it early, e.g. an OutOfRangeError that did not come from the EpochInput, or a "
+          "max_steps/StopAtStepHook; epoch-synchronized training needs neither")
