@@ -206,7 +206,9 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
         self._stop_now(session, coord, error)
       self._check_liveness(session, coord)
     if self._is_chief and not self._stopping.is_set():  # A stop without end(): an error path.
-      self._run_bounded(session, self._ops.stop_op, "send the STOP markers")
+      if self._run_bounded(session, self._ops.stop_op, "send the STOP markers"):
+        # The session's close joins this thread: the aggregation ends (and says so) first.
+        self._threads[1].join(_READ_TIMEOUT_SECS)
 
   def _note_progress(self, watch: Optional[heartbeat.ProgressWatch], rows
                      ) -> Optional[heartbeat.ProgressWatch]:
