@@ -13,9 +13,13 @@ Typical usage:
 import threading
 import time
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
-__all__ = ["StepWatch"]
+import tensorflow as tf
+
+from hooks.faults.heartbeat import ProgressWatch
+
+__all__ = ["StepWatch", "follow_progress"]
 
 
 class StepWatch:
@@ -69,3 +73,30 @@ class StepWatch:
         return None
       self._next_warn = now + self._log_every
       return waited, False
+
+
+def follow_progress(step: StepWatch, watch: Optional[ProgressWatch], rows: Callable[[], Any],
+                    names: Sequence[str], after_secs: float) -> Optional[ProgressWatch]:
+  """Once the running step has waited `after_secs`: when a task of `names` moved (its heartbeat
+  row from `rows()`; e.g. the chief saves a mid-epoch checkpoint between two aggregations), the
+  step's clock restarts. Returns the watch to pass next time (None between steps).
+
+    watch = follow_progress(step, watch, read_rows, ["worker:0", "worker:1"], 1.0)
+  """
+  waited = step.waited()
+  if waited is None or waited < after_secs:
+    return None
+
+  def read():
+    try:
+      return rows()
+    except tf.errors.OpError:
+      return None
+
+  if watch is None:
+    return ProgressWatch(read, names)
+  moved_at = watch.moved_at
+  watch.observe(range(len(names)))
+  if watch.moved_at != moved_at:
+    step.touch()
+  return watch

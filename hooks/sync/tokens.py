@@ -22,6 +22,7 @@ from hooks.sync import blocked_step
 from hooks.sync.aggregation_loop import AggregationLoop
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
 from hooks.faults.step_diagnostics import describe_step
+from hooks.faults import step_watch
 from hooks.faults.step_watch import StepWatch
 from hooks.faults.waiting import MAX_WAIT_SECS, run_options
 
@@ -200,7 +201,8 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     rows = lambda: session.run(self._heartbeat_rows, options=run_options(_READ_TIMEOUT_SECS))
     watch: Optional[heartbeat.ProgressWatch] = None
     while not self._stopping.is_set() and not coord.wait_for_stop(tick):
-      watch = self._note_progress(watch, rows)
+      watch = step_watch.follow_progress(self._step, watch, rows, self._names,
+                                         _PROGRESS_AFTER_SECS)
       error = self.check(coord, read)
       if error is not None:  # Ends the step blocked on its token (its run has no deadline).
         self._stop_now(session, coord, error)
@@ -209,26 +211,6 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       if self._run_bounded(session, self._ops.stop_op, "send the STOP markers"):
         # The session's close joins this thread: the aggregation ends (and says so) first.
         self._threads[1].join(_READ_TIMEOUT_SECS)
-
-  def _note_progress(self, watch: Optional[heartbeat.ProgressWatch], rows
-                     ) -> Optional[heartbeat.ProgressWatch]:
-    """Once a step has waited a second: when a task moved (e.g. the chief saves a mid-epoch
-    checkpoint between two aggregations), the step's clock restarts. Returns the watch."""
-    waited = self._step.waited()
-    if waited is None or waited < _PROGRESS_AFTER_SECS:
-      return None
-    def read():
-      try:
-        return rows()
-      except tf.errors.OpError:
-        return None
-    if watch is None:
-      return heartbeat.ProgressWatch(read, self._names)
-    moved_at = watch.moved_at
-    watch.observe(range(len(self._names)))
-    if watch.moved_at != moved_at:
-      self._step.touch()
-    return watch
 
   def _check_liveness(self, session, coord) -> None:
     """Once a step has waited a second: probe the tasks it depends on, stop if one died."""
