@@ -108,6 +108,41 @@ class TestRunStartHook:
     assert 0.5 <= time.monotonic() - start < 3
     timer.join()
 
+  def test_a_restarted_worker_does_not_join_its_earlier_processs_run(self, monkeypatch, caplog):
+    """OnFailure restarts a killed worker at once: the new process must not train the running
+    epoch a second time beside the chief; it joins the next run."""
+    server = tf.distribute.Server.create_local_server()
+    probes = _Probes(chief_incarnation=42)
+
+    def task(is_chief, name, timeout=5.0):
+      with tf.Graph().as_default():
+        monitor = LivenessMonitor({"chief:0": "chief"}, name, probe=probes.probe)
+        hook = RunStartHook(is_chief, "chief:0", monitor, task_name=name,
+                            startup_timeout_secs=timeout, ps_device=LOCAL,
+                            worker_id=0 if is_chief else 1, num_workers=2)
+        hook.begin()
+        sess = v1.Session(server.target)
+      return hook, sess
+
+    chief_hook, chief = task(True, "chief:0")
+    chief_hook.after_create_session(chief, None)
+    first_hook, first = task(False, "worker:1")
+    first_hook.after_create_session(first, None)  # joins
+    first_hook.after_create_session(first, None)  # the same process again: still its run
+    monkeypatch.setattr(run_start, "_PROCESS_ID", run_start._PROCESS_ID + 1)  # relaunched
+    second_hook, second = task(False, "worker:1", timeout=1.0)
+    with pytest.raises(StartupTimeoutError, match=r"^worker:1 waited 1 s for chief:0 to end run "
+                                                  r"2a, which an earlier process of worker:1 "
+                                                  r"had joined: restart the whole job"):
+      second_hook.after_create_session(second, None)
+    assert any("worker:1 restarted while chief:0's run 2a is going on" in r.getMessage()
+               for r in caplog.records if r.levelname == "WARNING"), caplog.text
+    probes.answers["chief"] = Probe("up", 43)  # the job restarted: a new chief, a new run
+    new_chief_hook, new_chief = task(True, "chief:0")
+    new_chief_hook.after_create_session(new_chief, None)
+    second_hook, second = task(False, "worker:1")
+    second_hook.after_create_session(second, None)  # joins the new run
+
   def test_a_chief_that_never_comes_up_is_named_at_the_startup_timeout(self, graph):
     probes = _Probes()
     probes.answers["chief"] = Probe("down", None, "connection refused")

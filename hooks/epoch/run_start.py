@@ -7,11 +7,19 @@ every op in `graph_keys.RESET_OPS`, which drains them, and then writes its own p
 incarnation into `epochsync/run_id` on ps:0; every worker waits until it reads the current
 chief's incarnation there before it touches a queue or reads a model variable.
 
+A run's workers are fixed at its start: each worker writes its own incarnation into its slot of
+`epochsync/run_workers` (zeroed by the chief) when it joins. A worker whose slot already holds
+another incarnation is a restarted process (Kubernetes' OnFailure restarts a killed pod at
+once) that would otherwise join the running epoch unnoticed and train its shard a second time;
+it waits instead, without touching the run, until the chief (which names the restart at its
+next wait) ends that run, and then exits so that it is relaunched into the next one.
+
 Typical usage (epoch_sync_hooks() puts it first):
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor_for(config))
   hooks = [start, sync_hook, done, barrier, epoch_input.hook]
 """
 
+import random
 import time
 import weakref
 from typing import List, Optional
@@ -32,6 +40,8 @@ _POLL_SECS = 0.1
 # save exports the meta graph, which cannot serialize a Python object (TensorFlow warns).
 _HOOKS: "weakref.WeakKeyDictionary[tf.Graph, List[RunStartHook]]" = weakref.WeakKeyDictionary()
 _RPC_TIMEOUT_SECS = 60.0
+# This process in `epochsync/run_workers`: a relaunched task has another one.
+_PROCESS_ID = random.SystemRandom().getrandbits(62) + 1
 
 
 class RunStartHook(_v1.train.SessionRunHook):
@@ -51,14 +61,19 @@ class RunStartHook(_v1.train.SessionRunHook):
     task_name: `str`, this task, for messages.
     startup_timeout_secs: `float`, how long a worker waits for the chief's reset.
     ps_device: where `epochsync/run_id` lives.
+    worker_id: `int`, this task's index among the chief and workers (0 is the chief); with
+      `num_workers`, a restarted worker cannot join its earlier incarnation's run.
+    num_workers: `int`, the number of chief and worker tasks.
   """
 
   def __init__(self, is_chief: bool, chief_name: str, liveness: LivenessMonitor,
                task_name: str = "this task", startup_timeout_secs: float = 600.0,
-               ps_device: str = "/job:ps/task:0"):
+               ps_device: str = "/job:ps/task:0", worker_id: Optional[int] = None,
+               num_workers: Optional[int] = None):
     self._is_chief, self._chief = bool(is_chief), chief_name
     self._liveness, self._task = liveness, task_name
     self._timeout, self._ps_device = startup_timeout_secs, ps_device
+    self._worker_id, self._num_workers = worker_id, num_workers
 
   def begin(self) -> None:
     self.started = False  # set once after_create_session has cleaned up (or waited)
@@ -70,11 +85,28 @@ class RunStartHook(_v1.train.SessionRunHook):
                                   name="epochsync_run_id")
       self._new_run_id = _v1.placeholder(tf.int64, [], "new_run_id")
       self._set_run_id = self._run_id.assign(self._new_run_id)
+      if self._num_workers:
+        self._build_roster()
       # -1 until a chief wrote it: reading it unset would fail the run, which TensorFlow 2.16+
       # logs at WARNING on the ps ("Local rendezvous is aborting ... uninitialized value").
       self._seen_run_id = tf.cond(_v1.is_variable_initialized(self._run_id),
                                   self._run_id.read_value,  # a read inside the branch
                                   lambda: tf.constant(-1, tf.int64))
+
+  def _build_roster(self) -> None:
+    """`epochsync/run_workers`: each worker's incarnation once it joined the run, else 0."""
+    roster = _v1.Variable(tf.zeros([self._num_workers], tf.int64), trainable=False,
+                          collections=[], name="epochsync_run_workers")
+    with tf.control_dependencies([roster.assign(tf.zeros_like(roster.initial_value))]):
+      self._set_run_id = self._run_id.assign(self._new_run_id)  # the roster is clean first
+    if self._worker_id is None or self._is_chief:
+      return
+    self._own_incarnation = _v1.placeholder(tf.int64, [], "own_incarnation")
+    earlier = tf.gather(roster, self._worker_id)  # a copy, read before the write below
+    with tf.control_dependencies([earlier]):  # an earlier incarnation's slot stays its own
+      claim = tf.where(tf.equal(earlier, 0), self._own_incarnation, earlier)
+      joined = _v1.scatter_update(roster, [self._worker_id], [claim])
+    self._join = (earlier, joined)
 
   def after_create_session(self, session, coord) -> None:
     self._check_own_address(session)
@@ -119,17 +151,39 @@ class RunStartHook(_v1.train.SessionRunHook):
     while time.monotonic() < deadline:
       seen = int(session.run(self._seen_run_id, options=run_options(_RPC_TIMEOUT_SECS)))
       seen = None if seen == -1 else seen  # a new ps: not written yet
-      if seen == incarnation:
+      if seen == incarnation and self._joined(session, seen):
         return
       self._liveness.check([self._chief], "for it to start the run")
       logging.log_every_n_seconds(logging.INFO, "%s waiting for %s to start the run", 10,
                                   self._task, self._chief)
       time.sleep(_POLL_SECS)
+    if getattr(self, "_refused", False):
+      raise StartupTimeoutError(
+          f"{self._task} waited {self._timeout:g} s for {self._chief} to end run {seen:x}, "
+          f"which an earlier process of {self._task} had joined: restart the whole job (every "
+          "task) from the same model_dir", [self._chief])
     raise StartupTimeoutError(
         f"{self._task} waited {self._timeout:g} s for {self._chief} to start the run (its "
         f"incarnation {incarnation:x} in epochsync/run_id on the ps; found "
         f"{'nothing' if seen is None else f'{seen:x}'}): check its log or raise "
         "--epochsync_startup_timeout_secs", [self._chief])
+
+  def _joined(self, session, run: int) -> bool:
+    """Joins the run in the roster; False (logged once) if an earlier incarnation joined it."""
+    if not hasattr(self, "_join"):
+      return True
+    earlier, _ = session.run(self._join, {self._own_incarnation: _PROCESS_ID},
+                             options=run_options(_RPC_TIMEOUT_SECS))
+    if earlier in (0, _PROCESS_ID):
+      return True
+    if not getattr(self, "_refused", False):
+      self._refused = True
+      logging.warning(
+          "%s restarted while %s's run %x is going on (its earlier process joined that run): "
+          "a run's workers are fixed at its start, so it does not join; it waits until %s ends "
+          "the run (it names the restart at its next wait) and then exits, to be relaunched "
+          "into the next run", self._task, self._chief, run, self._chief)
+    return False
 
 
 def check_started(what: str) -> None:

@@ -93,7 +93,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
-                       startup_timeout_secs=settings.startup_timeout_secs)
+                       startup_timeout_secs=settings.startup_timeout_secs,
+                       worker_id=config.worker_id, num_workers=config.num_workers)
   # TensorFlow's session creation waits for the ps tasks, and a worker's for the chief too.
   needed = [n for n in sorted(monitor.addresses) if n.startswith("ps:")]
   needed += [] if config.is_chief else [config.worker_names[0]]
