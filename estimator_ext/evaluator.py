@@ -190,6 +190,25 @@ class _Waiter:
     return True
 
 
+def _evaluate_epoch(estimator, eval_spec, task: str, epoch: int, audit: List[Dict[str, Any]],
+                    num_epochs: int) -> Dict[str, Any]:
+  """Evaluates and exports epoch `epoch`'s checkpoint; appends and returns its eval line."""
+  checkpoint = _checkpoint_of(estimator.model_dir, epoch, audit)
+  if checkpoint is None or not tf.io.gfile.exists(checkpoint + ".index"):
+    raise ConfigError(f"{task}: epoch {epoch}'s checkpoint {checkpoint} was deleted before it "
+                      "was evaluated (the chief keeps RunConfig(keep_checkpoint_max) "
+                      "checkpoints); raise keep_checkpoint_max or keep the evaluator up")
+  metrics, line = eval_log.evaluate_checkpoint(estimator, eval_spec, epoch, checkpoint, task)
+  this = [l for l in audit if l["epoch"] == epoch]
+  stop = this[0].get("early_stop") if this else None
+  if stop:
+    line["early_stop"] = stop
+  line["exports"] = eval_log.jsonable(eval_log.export(
+      estimator, eval_spec, checkpoint, metrics, is_final=bool(stop) or epoch + 1 == num_epochs))
+  eval_log.append_line(estimator, eval_spec, task, line)
+  return line
+
+
 def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonitor] = None,
                   clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep,
@@ -257,21 +276,8 @@ def run_evaluator(estimator, eval_spec, config, liveness: Optional[LivenessMonit
     stopped = [l for l in audit if l.get("early_stop") and l["epoch"] < epoch]
     if stopped:  # The chief stopped training early; there is no epoch `epoch`.
       break
-    checkpoint = _checkpoint_of(model_dir, epoch, audit)
-    if checkpoint is None or not tf.io.gfile.exists(checkpoint + ".index"):
-      raise ConfigError(f"{task}: epoch {epoch}'s checkpoint {checkpoint} was deleted before it "
-                        "was evaluated (the chief keeps RunConfig(keep_checkpoint_max) "
-                        "checkpoints); raise keep_checkpoint_max or keep the evaluator up")
-    metrics, line = eval_log.evaluate_checkpoint(estimator, eval_spec, epoch, checkpoint, task)
-    this = [l for l in audit if l["epoch"] == epoch]
-    stop = this[0].get("early_stop") if this else None
-    if stop:
-      line["early_stop"] = stop
-    line["exports"] = eval_log.jsonable(eval_log.export(
-        estimator, eval_spec, checkpoint, metrics, is_final=bool(stop) or epoch + 1 == num_epochs))
-    eval_log.append_line(estimator, eval_spec, task, line)
-    lines.append(line)
-    if stop:
+    lines.append(_evaluate_epoch(estimator, eval_spec, task, epoch, audit, num_epochs))
+    if lines[-1].get("early_stop"):
       break
     epoch += 1
   logging.info("%s evaluated epochs %s in %.1f s; done", task, [l["epoch"] for l in lines],
