@@ -4,10 +4,11 @@ Each non-chief worker, in one run, enqueues one arrival (its epoch statistics) i
 ps:0 and blocks on its own release queue; the chief takes every arrival with one blocking
 `dequeue_many`, runs its chief actions (save the checkpoint), then releases everyone with one
 enqueue per worker. Without chief actions the gather's own run releases them, on the ps, the
-moment the last arrival is in. No task polls or sleeps, and no blocking dequeue is ever cancelled on the
-normal path: each runs in a thread of its own (`hooks.faults.waiting.BackgroundRun`) while the
-waiting task logs who is still missing every `log_every_secs` (read from the idempotent
-`epochsync/arrived_barrier` variable) and enforces its deadline. Barriers are numbered (start
+moment the last arrival is in. No task polls or sleeps, and no blocking dequeue is ever
+cancelled on the normal path: each runs in a thread of its own
+(`hooks.faults.waiting.BackgroundRun`) while the waiting task logs who is still missing every
+`log_every_secs` (read from the idempotent `epochsync/arrived_barrier` variable) and enforces
+its deadline. Barriers are numbered (start
 of epoch e: 2e, end of epoch e: 2e+1) and checked, so a fast worker's next barrier is never
 confused with this one.
 
@@ -23,15 +24,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from hooks.epoch import arrivals as arrivals_lib
 from hooks.epoch import audit as audit_lib
 from hooks.epoch import barrier_graph
 from hooks import log as logging
 from hooks.config.cluster import worker_problems
-from hooks.epoch.barrier_wait import BarrierWaiter, Wait
+from hooks.epoch.barrier_wait import BarrierWaiter, Wait, timing_problems
 from hooks.faults.heartbeat import Heartbeat
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
-from hooks.config.settings import MIN_LOG_EVERY_SECS
-from hooks.errors import ConfigError, EpochSyncError
+from hooks.errors import ConfigError
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
 from hooks.faults.waiting import MAX_WAIT_SECS, BackgroundRun, run_options
 
@@ -89,14 +90,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                log_every_secs: float = 30.0, audit_dir: Optional[str] = None,
                ps_device: str = "/job:ps/task:0",
                liveness: Optional[LivenessMonitor] = None):
-    problems = worker_problems(num_workers, worker_id, worker_names)
-    if min(timeout_secs, startup_timeout_secs, warn_after_secs, log_every_secs) <= 0:
-      problems.append("timeout_secs, startup_timeout_secs, warn_after_secs and log_every_secs "
-                      "must be > 0 (--epochsync_barrier_timeout_secs, ...)")
-    elif log_every_secs < MIN_LOG_EVERY_SECS:
-      problems.append(f"log_every_secs={log_every_secs!r} must be >= {MIN_LOG_EVERY_SECS} "
-                      "(--epochsync_log_every_secs): more than one line per millisecond helps "
-                      "nobody")
+    problems = worker_problems(num_workers, worker_id, worker_names) + timing_problems(
+        timeout_secs, startup_timeout_secs, warn_after_secs, log_every_secs)
     if problems:
       raise ConfigError("EpochBarrierHook: " + "; ".join(problems))
     self._input = epoch_input
@@ -162,7 +157,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       arrivals, step = self._gather_arrivals(session, wait, stats, release=fold)
       fields = {} if fold else self._run_chief_actions(session, wait, arrivals)
       if not fold:
-        _, step = self._run(session, self._release, self._release_feed(seq))
+        _, step = _run(session, self._release, self._release_feed(seq))
       if self._audit and barrier == "epoch_end":
         self._audit.write(stats.epoch, arrivals, time.time(), fields,
                           None if step < 0 else int(step))
@@ -190,13 +185,14 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._abort(session)
       self._waiter.fail(wait, self._missing(session, wait.seq))
     try:
-      result = self._result(call, wait)
+      result = _result(call, wait, self._liveness, self.task_name)
       arrived, step = result[0], (result[3] if release else -1)
     except Exception:
       self._abort(session)
       raise
-    arrivals, problems = _arrivals(arrived, own, wait, self.worker_names, self.task_name,
-                                   (self.num_workers, self._input.num_epochs))
+    arrivals, problems = arrivals_lib.arrivals(arrived, own, wait, self.worker_names,
+                                               self.task_name,
+                                               (self.num_workers, self._input.num_epochs))
     if problems:
       if not release:  # The folded run has refused them already.
         self._abort(session, _REFUSED)
@@ -206,9 +202,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     return arrivals, step
 
   def _run_chief_actions(self, session, wait: Wait, arrivals) -> Dict[str, object]:
-    fields: Dict[str, object] = {}
-    if wait.barrier != "epoch_end":
-      return fields
+    fields: Dict[str, object] = {}  # (only at an epoch's end: the start has no actions)
     try:
       for action in self._chief_actions:
         fields.update(action(session, wait.epoch, arrivals) or {})
@@ -220,7 +214,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   def _abort(self, session, code: int = _ABORT) -> None:
     """Releases every waiting worker with an abort, so each fails now instead of timing out."""
     try:
-      self._run(session, self._release, self._release_feed(code))
+      _run(session, self._release, self._release_feed(code))
     except tf.errors.OpError as e:  # Already failing: say so, keep the original error.
       logging.error("%s could not release the workers with an abort: %s", self.task_name,
                     e.message)
@@ -239,21 +233,14 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                          name=f"epochsync-barrier-{wait.barrier}", run_timeout_secs=MAX_WAIT_SECS)
     if not self._wait(session, call, wait):
       self._waiter.fail(wait, self._missing(session, wait.seq))
-    got = self._result(call, wait)
+    got = _result(call, wait, self._liveness, self.task_name)
     if got == wait.seq:
       return
-    if got == _REFUSED:
-      raise ConfigError(
-          f"{self.task_name}: {self.worker_names[0]} refused the tasks' settings at "
-          f"{wait.barrier} of epoch {wait.epoch} (two tasks with one index, or tasks started "
-          f"with different clusters or --epochsync_num_epochs): see {self.worker_names[0]}'s log")
     if got == _ABORT:
       if self._liveness:  # The chief may have given up because a task died: name it.
         self._liveness.raise_if_any_died(wait.where)
       self._waiter.fail(wait, self._missing(session, wait.seq), "the chief gave up: ")
-    raise EpochSyncError(f"{self.task_name} was released from barrier #{got} while waiting "
-                         f"at {wait.barrier} #{wait.seq} (epoch {wait.epoch}): the workers "
-                         "disagree on the epoch; check num_epochs and model_dir on every task")
+    raise arrivals_lib.bad_release(got, wait, self.task_name, self.worker_names[0])
 
   def _wait(self, session, call: BackgroundRun, wait: Wait) -> bool:
     return self._waiter.wait(session, call, wait, self._arrived, lambda: self._abort(session))
@@ -261,40 +248,15 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
   def _missing(self, session, seq: int) -> Optional[List[str]]:
     return self._waiter.missing(session, self._arrived, seq)
 
-  def _result(self, call: BackgroundRun, wait: Wait):
-    """The call's value; a lost session (UNAVAILABLE, ABORTED) becomes an error of ours."""
-    try:
-      return call.result()
-    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
-      raise explain_lost_session(e, self._liveness, self.task_name, wait.where) from e
 
-  def _run(self, session, fetches, feed_dict):
-    """A run that cannot block (an enqueue into an unbounded queue, a variable update)."""
-    return session.run(fetches, feed_dict, options=run_options(_RPC_TIMEOUT_SECS))
+def _result(call: BackgroundRun, wait: Wait, liveness: Optional[LivenessMonitor], task_name: str):
+  """The call's value; a lost session (UNAVAILABLE, ABORTED) becomes an error of ours."""
+  try:
+    return call.result()
+  except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+    raise explain_lost_session(e, liveness, task_name, wait.where) from e
 
 
-def _arrivals(arrived, own: EpochStats, wait: Wait, worker_names: Sequence[str], task_name: str,
-              settings: Tuple[int, int]) -> Tuple[Dict[str, EpochStats], List[str]]:
-  """The chief's view of a gather: every task's EpochStats by name, and what is wrong with
-  them (two tasks with one index, other settings (num_workers, num_epochs), another barrier)."""
-  arrivals = {task_name: own}
-  problems = []
-  for (worker, got_seq, batches, examples, n, epochs), (started, ended) in (
-      zip(*arrived) if arrived else ()):
-    name = worker_names[worker]
-    if name in arrivals:
-      problems.append(f"two tasks arrived as {name}: check that each task has its own task "
-                      "index in TF_CONFIG (or --task_index)")
-    if (n, epochs) != settings:
-      problems.append(
-          f"{name} was started with {n} workers and num_epochs={epochs}, {task_name} "
-          f"with {settings[0]} and {settings[1]}: start every task with the "
-          "same cluster and --epochsync_num_epochs")
-    elif got_seq != wait.seq:
-      problems.append(
-          f"{name} arrived at barrier #{got_seq} while the chief waits at {wait.barrier} "
-          f"#{wait.seq} (epoch {wait.epoch}): the workers disagree on the epoch; check that "
-          "every task restarts from the same model_dir")
-    arrivals[name] = EpochStats(wait.epoch, int(batches), int(examples), float(started),
-                                float(ended))
-  return arrivals, problems
+def _run(session, fetches, feed_dict):
+  """A run that cannot block (an enqueue into an unbounded queue, a variable update)."""
+  return session.run(fetches, feed_dict, options=run_options(_RPC_TIMEOUT_SECS))

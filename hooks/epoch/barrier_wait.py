@@ -21,6 +21,7 @@ from typing import Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from hooks import log as logging
+from hooks.config.settings import MIN_LOG_EVERY_SECS
 from hooks.errors import BarrierTimeoutError, TaskDiedError
 from hooks.faults.heartbeat import Heartbeat, ProgressWatch
 from hooks.faults.liveness import LivenessMonitor
@@ -165,3 +166,15 @@ class BarrierWaiter:
                f"(limit {wait.timeout:g} s) in epoch {wait.epoch} on {self.task_name}: {why}{who}")
     logging.error(message)
     raise BarrierTimeoutError(message, missing or ())
+
+
+def timing_problems(timeout_secs: float, startup_timeout_secs: float, warn_after_secs: float,
+                    log_every_secs: float) -> List[str]:
+  """What is wrong with the barrier's seconds, one entry per problem (none: [])."""
+  if min(timeout_secs, startup_timeout_secs, warn_after_secs, log_every_secs) <= 0:
+    return ["timeout_secs, startup_timeout_secs, warn_after_secs and log_every_secs must be > 0 "
+            "(--epochsync_barrier_timeout_secs, ...)"]
+  if log_every_secs < MIN_LOG_EVERY_SECS:
+    return [f"log_every_secs={log_every_secs!r} must be >= {MIN_LOG_EVERY_SECS} "
+            "(--epochsync_log_every_secs): more than one line per millisecond helps nobody"]
+  return []
