@@ -17,9 +17,12 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from hooks import log as logging
+from hooks.errors import StepTimeoutError
 from hooks.faults.heartbeat import ProgressWatch
+from hooks.faults.step_diagnostics import describe_step
 
-__all__ = ["StepWatch", "follow_progress"]
+__all__ = ["StepWatch", "follow_progress", "warn_or_time_out"]
 
 
 class StepWatch:
@@ -100,3 +103,25 @@ def follow_progress(step: StepWatch, watch: Optional[ProgressWatch], rows: Calla
   if watch.moved_at != moved_at:
     step.touch()
   return watch
+
+
+def warn_or_time_out(step: StepWatch, coord, read: Callable[[], Tuple[int, Sequence[int]]],
+                     names: Sequence[str], task_name: str) -> Optional[StepTimeoutError]:
+  """Warns about or times out the running step; `read` returns (global_step, progress).
+
+  The step's time counts from its start or the last progress of another task. Returns the
+  StepTimeoutError it stopped `coord` with, if it timed out.
+  """
+  due = step.due()
+  if due is None:
+    return None
+  waited, timed_out = due
+  number, summary, missing = describe_step(read, names)
+  if not timed_out:
+    logging.warning("%s has waited %.0f s for step %s: %s", task_name, waited, number, summary)
+    return None
+  error = StepTimeoutError(f"step {number} timed out after {waited:.0f} s on {task_name}: "
+                           f"{summary}", missing)
+  logging.error("%s", error)
+  coord.request_stop((StepTimeoutError, error, None))
+  return error

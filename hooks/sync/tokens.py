@@ -21,7 +21,6 @@ from hooks.sync import arguments as sync_args
 from hooks.sync import blocked_step
 from hooks.sync.aggregation_loop import AggregationLoop
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
-from hooks.faults.step_diagnostics import describe_step
 from hooks.faults import step_watch
 from hooks.faults.step_watch import StepWatch
 from hooks.faults.waiting import MAX_WAIT_SECS, run_options
@@ -32,6 +31,7 @@ _v1 = tf.compat.v1
 _PROGRESS_AFTER_SECS = 1.0  # A step that waited this long reads the others' heartbeats.
 _READ_TIMEOUT_SECS = 2.0  # Bound of the watchdog's progress read and of closing the marker queue.
 _JOIN_SECS = 10.0
+_SEND_STOP = "send the STOP markers"  # what the chief's end does, for messages
 
 
 class SafeSyncTokensHook(_v1.train.SessionRunHook):
@@ -165,15 +165,12 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     """
     self._stopping.set()
     if self._is_chief:
-      self._run_bounded(session, self._ops.stop_op, "send the STOP markers")
+      blocked_step.run_bounded(session, self._ops.stop_op, self.task_name, _SEND_STOP)
     for thread in self._threads[::-1]:
       thread.join(_JOIN_SECS)
       if thread.is_alive():
         logging.warning("%s: thread %s did not stop within %.0f s", self.task_name, thread.name,
                         _JOIN_SECS)
-
-  def _run_bounded(self, session, op, what: str) -> bool:
-    return blocked_step.run_bounded(session, op, self.task_name, what)
 
   def _aggregate(self, session, coord) -> None:
     """Chief thread: the aggregation loop; an error stops the session (and this task's step)."""
@@ -194,8 +191,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
   def _watch(self, session, coord) -> None:
     """Every task's watchdog thread; it ends with the session (end() or a coordinator stop)."""
     tick = min(0.5, self._step.warn_after_secs / 2, self._step.timeout_secs / 4)
-    read = lambda: session.run(self._ops.diagnostics,
-                               options=run_options(_READ_TIMEOUT_SECS))
+    read = lambda: session.run(self._ops.diagnostics, options=run_options(_READ_TIMEOUT_SECS))
     if self._liveness:
       tick = min(tick, self._liveness.period_secs / 2)
     rows = lambda: session.run(self._heartbeat_rows, options=run_options(_READ_TIMEOUT_SECS))
@@ -208,7 +204,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
         self._stop_now(session, coord, error)
       self._check_liveness(session, coord)
     if self._is_chief and not self._stopping.is_set():  # A stop without end(): an error path.
-      if self._run_bounded(session, self._ops.stop_op, "send the STOP markers"):
+      if blocked_step.run_bounded(session, self._ops.stop_op, self.task_name, _SEND_STOP):
         # The session's close joins this thread: the aggregation ends (and says so) first.
         self._threads[1].join(_READ_TIMEOUT_SECS)
 
@@ -235,21 +231,5 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
 
   def check(self, coord, read: Callable[[], Tuple[int, Sequence[int]]]
             ) -> Optional[StepTimeoutError]:
-    """Warns about or times out the running step; `read` returns (global_step, progress).
-
-    The step's time counts from its start or the last progress of another task. Returns the
-    StepTimeoutError it stopped `coord` with, if it timed out.
-    """
-    due = self._step.due()
-    if due is None:
-      return None
-    waited, timed_out = due
-    step, summary, missing = describe_step(read, self._names)
-    if not timed_out:
-      logging.warning("%s has waited %.0f s for step %s: %s", self.task_name, waited, step, summary)
-      return None
-    error = StepTimeoutError(f"step {step} timed out after {waited:.0f} s on {self.task_name}: "
-                             f"{summary}", missing)
-    logging.error("%s", error)
-    coord.request_stop((StepTimeoutError, error, None))
-    return error
+    """Warns about or times out the running step (`hooks.faults.step_watch.warn_or_time_out`)."""
+    return step_watch.warn_or_time_out(self._step, coord, read, self._names, self.task_name)
