@@ -68,6 +68,12 @@ class BlockedStepEnder:
       threading.Thread(target=self._exit_unless_step_ends, args=(error, self._thread),
                        daemon=True, name="epochsync-step-end").start()
 
+  def end_if_blocked(self, session, abort_step_op) -> None:
+    """The session stopped for another's error (a second sync optimizer's hook, whose step
+    waits for both optimizers' tokens) while the step waits: this token queue ends it too."""
+    if self.error is None and self._step.waited() is not None:
+      run_bounded(session, abort_step_op, self.task_name, "end the blocked step")
+
   def _exit_unless_step_ends(self, error: Exception, thread_id: int) -> None:
     """The step took its ABORT token or was never waiting for one: a run TensorFlow rejected
     on one partition and never cancelled on another waits for ever (docs/reliability.md)."""

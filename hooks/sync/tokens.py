@@ -190,10 +190,9 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
 
   def _watch(self, session, coord) -> None:
     """Every task's watchdog thread; it ends with the session (end() or a coordinator stop)."""
-    tick = min(0.5, self._step.warn_after_secs / 2, self._step.timeout_secs / 4)
+    tick = min(0.5, self._step.warn_after_secs / 2, self._step.timeout_secs / 4,
+               self._liveness.period_secs / 2 if self._liveness else 0.5)
     read = lambda: session.run(self._ops.diagnostics, options=run_options(_READ_TIMEOUT_SECS))
-    if self._liveness:
-      tick = min(tick, self._liveness.period_secs / 2)
     rows = lambda: session.run(self._heartbeat_rows, options=run_options(_READ_TIMEOUT_SECS))
     watch: Optional[heartbeat.ProgressWatch] = None
     while not self._stopping.is_set() and not coord.wait_for_stop(tick):
@@ -203,8 +202,10 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       if error is not None:  # Ends the step blocked on its token (its run has no deadline).
         self._stop_now(session, coord, error)
       self._check_liveness(session, coord)
-    if self._is_chief and not self._stopping.is_set():  # A stop without end(): an error path.
-      if blocked_step.run_bounded(session, self._ops.stop_op, self.task_name, _SEND_STOP):
+    if not self._stopping.is_set():  # A stop without end(): an error path.
+      self._ender.end_if_blocked(session, self._ops.abort_step_op)
+      if self._is_chief and blocked_step.run_bounded(session, self._ops.stop_op,
+                                                     self.task_name, _SEND_STOP):
         # The session's close joins this thread: the aggregation ends (and says so) first.
         self._threads[1].join(_READ_TIMEOUT_SECS)
 
