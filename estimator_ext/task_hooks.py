@@ -100,11 +100,11 @@ def session_creator(estimator, config: EpochSyncRunConfig, scaffold):
     return EpochSyncChiefSessionCreator(
         scaffold=scaffold, master=master, config=estimator._session_config,
         checkpoint_dir=estimator.model_dir, liveness=monitor, startup_timeout_secs=startup,
-        task_name=config.task_name)
+        task_name=config.task_name, worker_names=config.worker_names)
   return FastWorkerSessionCreator(
       scaffold=scaffold, master=master, config=estimator._session_config, max_wait_secs=startup,
       poll_secs=_POLL_SECS, task_name=config.task_name, chief_name=config.worker_names[0],
-      liveness=monitor)
+      liveness=monitor, worker_names=config.worker_names)
 
 
 def _chief_summary_hooks(config, spec, model_dir: str) -> List[Any]:

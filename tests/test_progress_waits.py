@@ -5,8 +5,10 @@ The barrier timeout is 15 s. worker:0 (the chief) has an empty shard and waits a
 end while worker:1 trains for longer than that; then every worker waits while the chief's
 epoch checkpoint takes longer than that (a CheckpointSaverListener sleeps). A SIGSTOPped
 worker stops moving: the chief names it after the timeout, with how long since its last step.
+A relaunched chief restoring for longer than the start-up timeout is not a stall either.
 """
 
+import json
 import os
 import re
 import signal
@@ -94,3 +96,26 @@ def test_a_long_mid_epoch_save_outlasts_the_step_timeout(tmp_path):
   assert "slow mid-epoch save: sleeping 8.0 s" in chief, chief
   assert re.search(r"chief saved a mid-epoch checkpoint of epoch 0 .* in [89]\.\d+ s", chief), chief
   assert read_audit(model_dir)[0]["workers"]["worker:1"]["batches"] == 30
+
+
+@pytest.mark.timeout(150)
+def test_a_long_restore_outlasts_the_startup_timeout(tmp_path):
+  """The relaunched chief restores for 14 s; the workers wait for its initialisation with a
+  6 s start-up timeout: its heartbeat says "restoring" while they wait."""
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=3,3,3"]
+  with LocalCluster(num_workers=3, timeout_secs=60, log_dir=str(tmp_path / "first")) as cluster:
+    cluster.start(command + ["--epochsync_num_epochs=1"])
+    cluster.wait().check()
+  relaunch = command + ["--epochsync_num_epochs=2", "--epochsync_startup_timeout_secs=6",
+                        "--restore_sleep_secs=14"]
+  with LocalCluster(num_workers=3, timeout_secs=90, log_dir=str(tmp_path / "second")) as cluster:
+    cluster.start(relaunch)
+    result = cluster.wait()
+  result.check()
+  assert "slow restore: sleeping 14.0 s" in result.tasks["worker:0"].log
+  for name in ("worker:1", "worker:2"):  # Each waited for the restore, well past its timeout.
+    summary = json.loads(re.search(r"summary (\{.*\})", result.tasks[name].log).group(1))
+    assert summary["secs"] > 14, (name, summary)
+  assert [line["epoch"] for line in read_audit(model_dir)] == [0, 1]
+  assert read_audit(model_dir)[1]["attempt"] == 2

@@ -10,6 +10,7 @@ from hooks import graph_keys
 from hooks.epoch import run_start
 from hooks.errors import ConfigError, StartupTimeoutError
 from hooks.faults.liveness import LivenessMonitor, Probe
+from hooks.faults.restore_beat import restoring_beat
 from hooks.epoch.run_start import RunStartHook
 from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per test)
 
@@ -131,9 +132,10 @@ class TestRunStartHook:
     first_hook.after_create_session(first, None)  # the same process again: still its run
     monkeypatch.setattr(run_start, "_PROCESS_ID", run_start._PROCESS_ID + 1)  # relaunched
     second_hook, second = task(False, "worker:1", timeout=1.0)
-    with pytest.raises(StartupTimeoutError, match=r"^worker:1 waited 1 s for chief:0 to end run "
-                                                  r"2a, which an earlier process of worker:1 "
-                                                  r"had joined: restart the whole job"):
+    with pytest.raises(StartupTimeoutError, match=r"^worker:1 waited 1 s, the last 1 s without "
+                                                  r"progress \(chief:0 has not started\), for "
+                                                  r"chief:0 to end run 2a, which an earlier "
+                                                  r"process of worker:1 had joined: restart"):
       second_hook.after_create_session(second, None)
     assert any("worker:1 restarted while chief:0's run 2a is going on" in r.getMessage()
                for r in caplog.records if r.levelname == "WARNING"), caplog.text
@@ -142,6 +144,37 @@ class TestRunStartHook:
     new_chief_hook.after_create_session(new_chief, None)
     second_hook, second = task(False, "worker:1")
     second_hook.after_create_session(second, None)  # joins the new run
+
+  def test_a_worker_waits_past_its_timeout_while_the_chief_restores(self):
+    """Long-lived ps tasks: the model is ready at once, the relaunched chief still restores."""
+    server = tf.distribute.Server.create_local_server()
+    probes = _Probes(chief_incarnation=42)
+
+    def task(is_chief, name):
+      with tf.Graph().as_default():
+        monitor = LivenessMonitor({"chief:0": "chief"}, name, probe=probes.probe)
+        hook = RunStartHook(is_chief, "chief:0", monitor, task_name=name,
+                            startup_timeout_secs=2.0, ps_device=LOCAL,
+                            worker_id=0 if is_chief else 1, num_workers=2)
+        hook.begin()
+        sess = v1.Session(server.target)
+      return hook, sess
+
+    chief_hook, chief = task(True, "chief:0")
+    worker_hook, worker = task(False, "worker:1")
+    chief.run(chief_hook._run_id.initializer)  # the previous run's chief left 0 there
+
+    def restore_then_start():
+      with restoring_beat(server.target, num_workers=2, ps_device=LOCAL):
+        time.sleep(5.0)  # 2.5 timeouts of the worker; the beat is every second
+        chief_hook.after_create_session(chief, None)
+
+    timer = threading.Timer(0.1, restore_then_start)
+    start = time.monotonic()
+    timer.start()
+    worker_hook.after_create_session(worker, None)  # no StartupTimeoutError
+    assert 5.0 <= time.monotonic() - start < 10
+    timer.join()
 
   def test_a_chief_that_never_comes_up_is_named_at_the_startup_timeout(self, graph):
     probes = _Probes()

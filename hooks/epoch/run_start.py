@@ -29,6 +29,7 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks import log as logging
 from hooks.errors import ConfigError, StartupTimeoutError
+from hooks.faults import heartbeat
 from hooks.faults.liveness import LivenessMonitor
 from hooks.faults.waiting import run_options
 
@@ -40,6 +41,7 @@ _POLL_SECS = 0.1
 # save exports the meta graph, which cannot serialize a Python object (TensorFlow warns).
 _HOOKS: "weakref.WeakKeyDictionary[tf.Graph, List[RunStartHook]]" = weakref.WeakKeyDictionary()
 _RPC_TIMEOUT_SECS = 60.0
+_READ_SECS = 2.0  # Bound of a read of the chief's heartbeat row (a busy ps: no progress seen).
 # This process in `epochsync/run_workers`: a relaunched task has another one.
 _PROCESS_ID = random.SystemRandom().getrandbits(62) + 1
 
@@ -85,13 +87,15 @@ class RunStartHook(_v1.train.SessionRunHook):
                                   name="epochsync_run_id")
       self._new_run_id = _v1.placeholder(tf.int64, [], "new_run_id")
       self._set_run_id = self._run_id.assign(self._new_run_id)
-      if self._num_workers:
-        self._build_roster()
       # -1 until a chief wrote it: reading it unset would fail the run, which TensorFlow 2.16+
       # logs at WARNING on the ps ("Local rendezvous is aborting ... uninitialized value").
       self._seen_run_id = tf.cond(_v1.is_variable_initialized(self._run_id),
                                   self._run_id.read_value,  # a read inside the branch
                                   lambda: tf.constant(-1, tf.int64))
+      if self._num_workers:
+        self._build_roster()
+    if self._num_workers:  # The chief's row: it beats while it restores (restore_beat).
+      self._rows = heartbeat.rows_op(self._num_workers, self._ps_device)
 
   def _build_roster(self) -> None:
     """`epochsync/run_workers`: each worker's incarnation once it joined the run, else 0."""
@@ -145,10 +149,11 @@ class RunStartHook(_v1.train.SessionRunHook):
     return int(answer.incarnation) & (2**63 - 1)
 
   def _wait_for_run(self, session, incarnation: int) -> None:
-    """Polls `epochsync/run_id` until the current chief wrote its incarnation there."""
-    deadline = time.monotonic() + self._timeout
-    seen: Optional[int] = None
-    while time.monotonic() < deadline:
+    """Polls `epochsync/run_id` until the current chief wrote its incarnation there; gives up
+    after the startup timeout without progress of the chief (elapsed, without its row)."""
+    start, seen = time.monotonic(), None
+    watch = self._chief_watch(session)
+    while (watch.observe([0]) if watch else time.monotonic() - start) < self._timeout:
       seen = int(session.run(self._seen_run_id, options=run_options(_RPC_TIMEOUT_SECS)))
       seen = None if seen == -1 else seen  # a new ps: not written yet
       if seen == incarnation and self._joined(session, seen):
@@ -157,16 +162,29 @@ class RunStartHook(_v1.train.SessionRunHook):
       logging.log_every_n_seconds(logging.INFO, "%s waiting for %s to start the run", 10,
                                   self._task, self._chief)
       time.sleep(_POLL_SECS)
+    waited = f"{self._timeout:g} s" if watch is None else (
+        f"{time.monotonic() - start:.0f} s, the last {self._timeout:g} s without progress "
+        f"({watch.describe([0])}),")
     if getattr(self, "_refused", False):
       raise StartupTimeoutError(
-          f"{self._task} waited {self._timeout:g} s for {self._chief} to end run {seen:x}, "
-          f"which an earlier process of {self._task} had joined: restart the whole job (every "
-          "task) from the same model_dir", [self._chief])
+          f"{self._task} waited {waited} for {self._chief} to end run {seen:x}, which an "
+          f"earlier process of {self._task} had joined: restart the whole job (every task) "
+          "from the same model_dir", [self._chief])
     raise StartupTimeoutError(
-        f"{self._task} waited {self._timeout:g} s for {self._chief} to start the run (its "
+        f"{self._task} waited {waited} for {self._chief} to start the run (its "
         f"incarnation {incarnation:x} in epochsync/run_id on the ps; found "
         f"{'nothing' if seen is None else f'{seen:x}'}): check its log or raise "
         "--epochsync_startup_timeout_secs", [self._chief])
+
+  def _chief_watch(self, session) -> Optional[heartbeat.ProgressWatch]:
+    if not self._num_workers:
+      return None
+    def read():
+      try:
+        return session.run(self._rows, options=run_options(_READ_SECS))
+      except tf.errors.OpError:
+        return None
+    return heartbeat.ProgressWatch(read, [self._chief] + [""] * (self._num_workers - 1))
 
   def _joined(self, session, run: int) -> bool:
     """Joins the run in the roster; False (logged once) if an earlier incarnation joined it."""

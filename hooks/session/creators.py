@@ -4,7 +4,8 @@ TensorFlow's WorkerSessionCreator polls for the chief's initialisation every 30 
 (`recovery_wait_secs`), so a worker that asks a moment too early loses half a minute, and
 TensorFlow's session creation waits for the ps tasks with no deadline. These creators first
 wait (bounded by `startup_timeout_secs`) until the tasks they need answer, a worker polls the
-chief every `poll_secs` and notices within a second when the chief or a ps dies, and neither
+chief every `poll_secs` (and gives up only when the chief made no progress, restoring included,
+for `startup_timeout_secs`) and notices within a second when the chief or a ps dies, and neither
 re-creates a session after MonitoredSession lost one: an epoch-synchronized job cannot resume
 on one task alone, so they raise TaskDiedError naming the dead task instead.
 
@@ -16,7 +17,7 @@ Typical usage:
 """
 
 import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -27,6 +28,8 @@ from hooks.config.cluster import ClusterConfig
 from hooks.errors import EpochSyncError, StartupTimeoutError, TaskDiedError
 from hooks.faults.liveness import LivenessMonitor
 from hooks.faults.lost_session import describe_lost_session
+from hooks.faults.restore_beat import restoring_beat, start_up_watch
+from hooks.session.polling import PollingSessionManager
 
 __all__ = ["FastWorkerSessionCreator", "EpochSyncChiefSessionCreator", "session_creator"]
 
@@ -43,6 +46,11 @@ class _OnceAndAlive:
                                                if liveness and n in liveness.addresses]
     self._task, self._startup_timeout = task_name, startup_timeout_secs
     self._created = False
+
+  def _ps0_target(self, worker_names: Optional[Sequence[str]]) -> Optional[str]:
+    """Where the heartbeat rows live, when start-up waits are bounded by progress."""
+    address = self._liveness and worker_names and self._liveness.addresses.get("ps:0")
+    return "grpc://" + address if address else None
 
   def _before_create(self) -> float:
     """Refuses a re-creation; waits until the needed tasks answer. Returns the deadline."""
@@ -81,11 +89,15 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
     needed: task names this worker waits to answer before its first readiness check. The
       chief is not one of them by default: once it has initialised the model it may finish
       (and exit) before a slow worker even starts.
+    worker_names: the training tasks by worker id (the chief first); with `liveness`, the
+      wait for the chief's initialisation times out only after `max_wait_secs` without
+      progress of the chief (its heartbeat beats while it restores a checkpoint). None: after
+      `max_wait_secs` of waiting.
     Other args as `tf.compat.v1.train.WorkerSessionCreator`.
 
   Raises:
-    StartupTimeoutError: from create_session() after `max_wait_secs`, naming the chief (or the
-      tasks that never came up).
+    StartupTimeoutError: from create_session() after `max_wait_secs` (without progress of the
+      chief, with `worker_names`), naming the chief (or the tasks that never came up).
     TaskDiedError: the chief or a ps died during the wait, or (on a second call, when
       MonitoredSession re-creates a lost session) a task is found dead.
     EpochSyncError: on a second call when no task is found dead.
@@ -95,16 +107,20 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
                max_wait_secs: float = 600.0, poll_secs: float = 0.5,
                task_name: str = "this worker", chief_name: str = "the chief",
                liveness: Optional[LivenessMonitor] = None,
-               needed: Optional[Sequence[str]] = None):
-    super().__init__(scaffold=scaffold, master=master, config=config,
-                     max_wait_secs=max_wait_secs)
-    self._poll_secs, self._max_wait = poll_secs, max_wait_secs
-    self._task_name, self._chief_name = task_name, chief_name
+               needed: Optional[Sequence[str]] = None,
+               worker_names: Optional[Sequence[str]] = None):
     if needed is None and liveness is not None:
       needed = [n for n in sorted(liveness.addresses) if n.startswith("ps:")]
     self._setup_liveness(liveness, needed or (), task_name, max_wait_secs)
+    self._progress_target, self._worker_names = self._ps0_target(worker_names), worker_names
+    # Bounded by the chief's progress: TensorFlow's own deadline must not cut the wait short.
+    super().__init__(scaffold=scaffold, master=master, config=config,
+                     max_wait_secs=float("inf") if self._progress_target else max_wait_secs)
+    self._poll_secs, self._max_wait = poll_secs, max_wait_secs
+    self._task_name, self._chief_name = task_name, chief_name
     self._watched = [n for n in [chief_name, *self._needed]
                      if liveness is not None and n in liveness.addresses]
+    self._watch = None
 
   def create_session(self):
     self._before_create()
@@ -116,12 +132,24 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
           f"model is still not initialised; missing {self._chief_name} (check its log or raise "
           f"--epochsync_startup_timeout_secs)", [self._chief_name]) from e
 
-  def _death_while_not_ready(self) -> Optional[TaskDiedError]:
-    """The TaskDiedError of a chief or ps that died while the model was not ready, or None.
+  def _death_while_not_ready(self) -> Optional[EpochSyncError]:
+    """The TaskDiedError of a chief or ps that died while the model was not ready, the
+    StartupTimeoutError of a chief that made no progress for `max_wait_secs`, or None.
 
     Returned, not raised: the poll it precedes may still find the model ready (a chief that
     initialised it and has since finished is no reason to fail).
     """
+    if self._progress_target:
+      if self._watch is None:
+        self._watch = start_up_watch(self._progress_target, self._worker_names)
+        self._waiting_since = time.monotonic()
+      if self._watch.observe([0]) >= self._max_wait:
+        return StartupTimeoutError(
+            f"session creation timed out after {time.monotonic() - self._waiting_since:.0f} s "
+            f"on {self._task_name}, the last {self._max_wait:g} s without progress of "
+            f"{self._chief_name} ({self._watch.describe([0])}): the model is still not "
+            f"initialised; missing {self._chief_name} (check its log or raise "
+            "--epochsync_startup_timeout_secs)", [self._chief_name])
     if not self._watched:
       return None
     try:
@@ -132,7 +160,7 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
 
   def _get_session_manager(self):
     if self._session_manager is None:
-      self._session_manager = _PollingSessionManager(
+      self._session_manager = PollingSessionManager(
           self._death_while_not_ready,
           local_init_op=self._scaffold.local_init_op,
           local_init_feed_dict=self._scaffold.local_init_feed_dict,
@@ -161,6 +189,9 @@ class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive)
     liveness: a `LivenessMonitor`; the creator first waits until every ps task answers.
     startup_timeout_secs: `float`, how long it waits for them.
     task_name: `str`, this task, for messages.
+    worker_names: the training tasks by worker id; with `liveness`, the chief's heartbeat row
+      says "restoring" once a second while it creates the session (restores), so that the
+      workers' start-up waits count no time against it (`hooks.faults.restore_beat`).
     Other args as `tf.compat.v1.train.ChiefSessionCreator`.
 
   Raises:
@@ -171,15 +202,21 @@ class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive)
   def __init__(self, scaffold=None, master: str = "", config=None,
                checkpoint_dir: Optional[str] = None, checkpoint_filename_with_path=None,
                liveness: Optional[LivenessMonitor] = None,
-               startup_timeout_secs: float = 600.0, task_name: str = "the chief"):
+               startup_timeout_secs: float = 600.0, task_name: str = "the chief",
+               worker_names: Optional[Sequence[str]] = None):
     super().__init__(scaffold=scaffold, master=master, config=config,
                      checkpoint_dir=checkpoint_dir,
                      checkpoint_filename_with_path=checkpoint_filename_with_path)
     needed = [n for n in sorted(liveness.addresses) if n.startswith("ps:")] if liveness else []
     self._setup_liveness(liveness, needed, task_name, startup_timeout_secs)
+    self._beat_target, self._num_workers = self._ps0_target(worker_names), len(worker_names or ())
 
   def create_session(self):
     self._before_create()
+    with restoring_beat(self._beat_target, self._num_workers):
+      return self._create_and_restore()
+
+  def _create_and_restore(self):
     mid_epoch = (not self._checkpoint_filename_with_path and
                  mid_epoch_lib.checkpoint_to_restore(self._checkpoint_dir))
     if mid_epoch:  # Newer than the newest epoch checkpoint (hooks.checkpoint.mid_epoch).
@@ -214,36 +251,6 @@ class EpochSyncChiefSessionCreator(_v1.train.ChiefSessionCreator, _OnceAndAlive)
     return plan if plan.fresh or plan.renamed else None
 
 
-class _PollingSessionManager(_v1.train.SessionManager):
-  """A SessionManager whose wait_for_session fails on a death found while the model is unready.
-
-  Before each re-check (not the first), `death_while_not_ready()` probes; the error it returns
-  is raised only if that re-check finds the model still not ready.
-  """
-
-  def __init__(self, death_while_not_ready: Callable[[], Optional[Exception]], **kwargs):
-    super().__init__(**kwargs)
-    self._death_while_not_ready = death_while_not_ready
-    self._polls = 0
-    self._death: Optional[Exception] = None
-
-  def _try_run_local_init_op(self, sess):  # The first call of each poll of wait_for_session.
-    self._polls += 1
-    self._death = self._death_while_not_ready() if self._polls > 1 else None
-    ok, message = super()._try_run_local_init_op(sess)
-    if not ok and self._death is not None:
-      self._safe_close(sess)
-      raise self._death
-    return ok, message
-
-  def _model_ready(self, sess):
-    ready, message = super()._model_ready(sess)
-    if not ready and self._death is not None:
-      self._safe_close(sess)
-      raise self._death
-    return ready, message
-
-
 def session_creator(config: ClusterConfig, master: str, scaffold=None,
                     checkpoint_dir: Optional[str] = None,
                     startup_timeout_secs: float = 600.0, poll_secs: float = 0.5):
@@ -257,8 +264,9 @@ def session_creator(config: ClusterConfig, master: str, scaffold=None,
     return EpochSyncChiefSessionCreator(
         scaffold=scaffold, master=master, config=config.session_config(),
         checkpoint_dir=checkpoint_dir, liveness=monitor,
-        startup_timeout_secs=startup_timeout_secs, task_name=config.task_name)
+        startup_timeout_secs=startup_timeout_secs, task_name=config.task_name,
+        worker_names=config.worker_names)
   return FastWorkerSessionCreator(
       scaffold=scaffold, master=master, config=config.session_config(),
       max_wait_secs=startup_timeout_secs, poll_secs=poll_secs, task_name=config.task_name,
-      chief_name=config.worker_names[0], liveness=monitor)
+      chief_name=config.worker_names[0], liveness=monitor, worker_names=config.worker_names)

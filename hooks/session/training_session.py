@@ -135,12 +135,13 @@ def monitored_training_session(
                                                    save_summaries_steps, save_summaries_secs)
     creator = EpochSyncChiefSessionCreator(
         scaffold=scaffold, master=master, config=session_config, checkpoint_dir=checkpoint_dir,
-        liveness=monitor, startup_timeout_secs=max_wait_secs, task_name=cluster.task_name)
+        liveness=monitor, startup_timeout_secs=max_wait_secs, task_name=cluster.task_name,
+        worker_names=cluster.worker_names)
   else:
     creator = FastWorkerSessionCreator(
         scaffold=scaffold, master=master, config=session_config, max_wait_secs=max_wait_secs,
         poll_secs=poll_secs, task_name=cluster.task_name, chief_name=cluster.worker_names[0],
-        liveness=monitor)
+        liveness=monitor, worker_names=cluster.worker_names)
   all_hooks += hooks + [driver]
   logging.info("%s: epoch-synchronous MonitoredTrainingSession, %d epochs, %d hooks: %s",
                cluster.task_name, settings.num_epochs, len(all_hooks),

@@ -8,6 +8,7 @@
   --save_sleep_secs=20              each epoch checkpoint of the chief takes 20 s longer (a
                                     CheckpointSaverListener sleeps in before_save)
   --mid_epoch_save_sleep_secs=8     each mid-epoch checkpoint of the chief takes 8 s longer
+  --restore_sleep_secs=12           each checkpoint restore takes 12 s longer
 """
 
 import faulthandler
@@ -33,6 +34,20 @@ _SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0,
                                  "Each epoch checkpoint of the chief takes this much longer.")
 _MID_SAVE_SLEEP = flags.DEFINE_float(
     "mid_epoch_save_sleep_secs", 0.0, "Each mid-epoch checkpoint of the chief takes this long more.")
+_RESTORE_SLEEP = flags.DEFINE_float("restore_sleep_secs", 0.0,
+                                    "Each checkpoint restore takes this much longer.")
+
+
+def _slow_restores():
+  """Saver.restore sleeps first (a large model on a slow filesystem)."""
+  restore = tf.compat.v1.train.Saver.restore
+
+  def slow_restore(self, sess, save_path):
+    print(f"slow restore: sleeping {_RESTORE_SLEEP.value} s", flush=True)
+    time.sleep(_RESTORE_SLEEP.value)
+    return restore(self, sess, save_path)
+
+  tf.compat.v1.train.Saver.restore = slow_restore
 
 
 def _slow_mid_epoch_saves():
@@ -91,6 +106,8 @@ def main(argv):
   faulthandler.register(signal.SIGTERM, chain=True)  # a task killed at a deadline shows where
   if _MID_SAVE_SLEEP.value > 0:
     _slow_mid_epoch_saves()
+  if _RESTORE_SLEEP.value > 0:
+    _slow_restores()
   train.train(_extra_hooks, listeners=[_SlowSave()] if _SAVE_SLEEP.value > 0 else [])
 
 
