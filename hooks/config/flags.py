@@ -81,8 +81,9 @@ BARRIER_TIMEOUT_SECS = _define_secs(
     "step; a save of the chief counts as progress) before raising; an epoch may last longer.")
 STARTUP_TIMEOUT_SECS = _define_secs(
     "epochsync_startup_timeout_secs", _DEFAULTS.startup_timeout_secs,
-    "Seconds a task waits for every other task to come up before raising (at the start barrier: "
-    "seconds without progress of the tasks it waits for).")
+    "Seconds a task waits for every other task to come up before raising (at the start barrier, "
+    "and for the chief's initialisation and start of the run: seconds without progress of the "
+    "tasks it waits for; a chief restoring a checkpoint makes progress).")
 STEP_TIMEOUT_SECS = _define_secs(
     "epochsync_step_timeout_secs", _DEFAULTS.step_timeout_secs,
     "Seconds one synchronous step may wait for gradients or its token while no task makes "
