@@ -179,11 +179,6 @@ def test_local_mode_saves_mid_epoch_and_resumes_exactly(tmp_path):
                      "the resumed local job")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug on the Estimator path: in 3 runs (load 20-30) the chief named worker:1 dead "
-    "and then never exited (the restarted worker waited at the start barrier), or the "
-    "restarted worker rejoined the running epoch unnoticed (audit attempt 1, global_step 16 "
-    "instead of 8)"))
 @pytest.mark.timeout(900)
 def test_restart_policy_on_failure_restarts_pods_one_by_one_and_resumes_exactly(tmp_path,
                                                                               request):
@@ -193,7 +188,9 @@ def test_restart_policy_on_failure_restarts_pods_one_by_one_and_resumes_exactly(
   kubelet restarting its container); the ps tasks keep running with the old run's state; every
   task that then exits non-zero is restarted the same way (the test plays the operator). The
   job must end by itself with every shard counted once in the audit, resumed inside the epoch,
-  and every variable equal to an uninterrupted run's. It takes 7-10 minutes, so it runs with
+  and every variable equal to an uninterrupted run's. (It failed before the run's workers were
+  fixed at its start, `epochsync/run_workers`: the relaunched worker joined the running epoch
+  and trained its shard twice, global_step 16 instead of 8.) It takes 7-10 minutes, so it runs with
   the Estimator kill matrix (--estimator-kill-seeds=N), not in the default suite.
   """
   if not request.config.getoption("--estimator-kill-seeds"):
