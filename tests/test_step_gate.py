@@ -99,3 +99,21 @@ def test_the_chiefs_aggregation_run_has_no_partition_on_the_chiefs_own_task():
       devices = {node.device for graph in metadata.partition_graphs for node in graph.node}
       assert devices == {"/job:ps/replica:0/task:0/device:CPU:0"}
       assert session.run(ops.last_aggregate) < 0  # what it stored: the STOP
+
+
+def test_the_gated_graph_exports_without_a_warning():
+  """Every save exports the meta graph: a Python object in a collection makes it warn (it did,
+  on TensorFlow 2.21, for the gate's "installed" mark)."""
+  import logging  # pylint: disable=g-import-not-at-top
+  records = []
+  handler = logging.Handler(logging.WARNING)
+  handler.emit = records.append
+  with tf.Graph().as_default() as graph:
+    epoch_input, _ = _two_ps_sync_graph()
+    epoch_input.hook.begin()
+    tf.get_logger().addHandler(handler)
+    try:
+      v1.train.export_meta_graph(graph=graph)
+    finally:
+      tf.get_logger().removeHandler(handler)
+  assert [r.getMessage() for r in records if "serializ" in r.getMessage()] == []

@@ -16,6 +16,7 @@ Typical usage (EpochInput's hook, in begin(), before the graph is finalized):
   # tasks == ["ps:0", "ps:1"]; graph_keys.GATED_TASKS holds them for the retry
 """
 
+import weakref
 from typing import List, Optional, Sequence
 
 import tensorflow as tf
@@ -25,7 +26,9 @@ from hooks import graph_keys
 __all__ = ["install", "task_of", "gate_ops"]
 
 _v1 = tf.compat.v1
-_INSTALLED = "epochsync_step_gate_installed"
+# The graphs already gated. Not a graph collection: every checkpoint save exports the meta
+# graph, and a Python bool in a collection makes it warn ("Issue encountered when serializing").
+_INSTALLED: "weakref.WeakSet[tf.Graph]" = weakref.WeakSet()
 
 
 def task_of(device: str) -> Optional[str]:
@@ -57,9 +60,9 @@ def install(input_ops: Sequence[tf.Operation], own_device: str) -> List[str]:
   Local mode (no job in `own_device`) gates nothing. Idempotent per graph.
   """
   graph = _v1.get_default_graph()
-  if task_of(own_device) is None or graph.get_collection(_INSTALLED):
+  if task_of(own_device) is None or graph in _INSTALLED:
     return list(graph.get_collection(graph_keys.GATED_TASKS))
-  graph.add_to_collection(_INSTALLED, True)
+  _INSTALLED.add(graph)
   devices = [v.device for v in graph.get_collection(_v1.GraphKeys.GLOBAL_VARIABLES)]
   with tf.name_scope("epochsync_input/gate"):
     gates = gate_ops(devices, own_device, "started")
