@@ -39,6 +39,19 @@ def _hook(probes, is_chief, task_name="worker:1", timeout=5.0):
                       startup_timeout_secs=timeout, ps_device=LOCAL)
 
 
+def _task_of(server, probes, is_chief, name, timeout=5.0):
+  """A RunStartHook (with the run's roster) and a session on `server`, in a graph of its own
+  as in a real cluster."""
+  with tf.Graph().as_default():
+    monitor = LivenessMonitor({"chief:0": "chief"}, name, probe=probes.probe)
+    hook = RunStartHook(is_chief, "chief:0", monitor, task_name=name,
+                        startup_timeout_secs=timeout, ps_device=LOCAL,
+                        worker_id=0 if is_chief else 1, num_workers=2)
+    hook.begin()
+    sess = v1.Session(server.target)
+  return hook, sess
+
+
 def _session_with(hook, target=""):
   hook.begin()
   sess = v1.Session(target)
@@ -62,16 +75,8 @@ class TestRunStartHook:
 
   def test_a_worker_waits_until_the_current_chief_started_the_run(self):
     server = tf.distribute.Server.create_local_server()
-
-    def task(is_chief, name):  # each task has its own graph, as in a real cluster
-      with tf.Graph().as_default():
-        hook = _hook(_Probes(chief_incarnation=42), is_chief=is_chief, task_name=name)
-        hook.begin()
-        sess = v1.Session(server.target)
-      return hook, sess
-
-    chief_hook, chief = task(True, "chief:0")
-    worker_hook, worker = task(False, "worker:1")
+    chief_hook, chief = _task_of(server, _Probes(chief_incarnation=42), True, "chief:0")
+    worker_hook, worker = _task_of(server, _Probes(chief_incarnation=42), False, "worker:1")
     chief.run(chief_hook._run_id.initializer)  # the previous run's chief left 0 there
     timer = threading.Timer(0.5, lambda: chief_hook.after_create_session(chief, None))
     start = time.monotonic()
@@ -114,17 +119,7 @@ class TestRunStartHook:
     epoch a second time beside the chief; it joins the next run."""
     server = tf.distribute.Server.create_local_server()
     probes = _Probes(chief_incarnation=42)
-
-    def task(is_chief, name, timeout=5.0):
-      with tf.Graph().as_default():
-        monitor = LivenessMonitor({"chief:0": "chief"}, name, probe=probes.probe)
-        hook = RunStartHook(is_chief, "chief:0", monitor, task_name=name,
-                            startup_timeout_secs=timeout, ps_device=LOCAL,
-                            worker_id=0 if is_chief else 1, num_workers=2)
-        hook.begin()
-        sess = v1.Session(server.target)
-      return hook, sess
-
+    task = lambda is_chief, name, timeout=5.0: _task_of(server, probes, is_chief, name, timeout)
     chief_hook, chief = task(True, "chief:0")
     chief_hook.after_create_session(chief, None)
     first_hook, first = task(False, "worker:1")
@@ -148,20 +143,8 @@ class TestRunStartHook:
   def test_a_worker_waits_past_its_timeout_while_the_chief_restores(self):
     """Long-lived ps tasks: the model is ready at once, the relaunched chief still restores."""
     server = tf.distribute.Server.create_local_server()
-    probes = _Probes(chief_incarnation=42)
-
-    def task(is_chief, name):
-      with tf.Graph().as_default():
-        monitor = LivenessMonitor({"chief:0": "chief"}, name, probe=probes.probe)
-        hook = RunStartHook(is_chief, "chief:0", monitor, task_name=name,
-                            startup_timeout_secs=2.0, ps_device=LOCAL,
-                            worker_id=0 if is_chief else 1, num_workers=2)
-        hook.begin()
-        sess = v1.Session(server.target)
-      return hook, sess
-
-    chief_hook, chief = task(True, "chief:0")
-    worker_hook, worker = task(False, "worker:1")
+    chief_hook, chief = _task_of(server, _Probes(chief_incarnation=42), True, "chief:0", 2.0)
+    worker_hook, worker = _task_of(server, _Probes(chief_incarnation=42), False, "worker:1", 2.0)
     chief.run(chief_hook._run_id.initializer)  # the previous run's chief left 0 there
 
     def restore_then_start():
