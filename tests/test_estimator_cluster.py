@@ -129,6 +129,20 @@ def test_custom_model_fn_sync_with_evaluator_equals_oracle(tmp_path):
 
 
 @pytest.mark.timeout(180)
+def test_the_evaluator_outlives_an_epoch_longer_than_its_timeout(tmp_path):
+  """evaluator_timeout_secs=15, an epoch of 40 s (20 batches of 2 s): the evaluator's wait for
+  the epoch's checkpoint counts only time without training progress, so it evaluates it."""
+  model_dir, result, _ = _run(
+      tmp_path, TASK + ["--shard_batches=20,0", "--epochsync_num_epochs=1",
+                        "--step_sleep_secs=2", "--evaluator_timeout_secs=15"],
+      timeout_secs=150, num_workers=2, num_ps=1, has_evaluator=True)
+  audit = read_audit(model_dir)
+  epoch = audit[0]["workers"]["chief:0"]
+  assert epoch["arrived_at"] - epoch["started_at"] > 38, epoch  # The epoch outlasted 15 s ...
+  assert [line["epoch"] for line in _eval_log(model_dir, "evaluator:0")] == [0]  # ... and the wait.
+
+
+@pytest.mark.timeout(180)
 def test_custom_model_fn_async_with_evaluator_is_still_epoch_exact(tmp_path):
   """--noepochsync_sync from the flags: each worker applies its own gradients, epochs exact."""
   shards, num_epochs = (6, 3, 0), 3

@@ -11,6 +11,7 @@ them. Every task writes <model_dir>/summary-<task>.json with what train_and_eval
                       the canned defaults (Ftrl 0.005, Adagrad 0.001), or as the name "Ftrl" and a
                       callable (Adagrad 0.001 decayed by 1.0 on global_step): the same training
   --tf_random_seed=N --step_sleep_secs=S   the same initial variables each run; a pause per step
+  --evaluator_timeout_secs=15         EpochSyncRunConfig(evaluator_timeout_secs)
   --warm_start_from=<checkpoint> [--warm_start_vars=.*]   tf.estimator.WarmStartSettings: a
                       list of scopes over GLOBAL_VARIABLES (as stock); without the flag, the
                       default regex over TRAINABLE_VARIABLES
@@ -45,6 +46,8 @@ _SEED = flags.DEFINE_integer("tf_random_seed", None, "RunConfig(tf_random_seed):
                              "initial variables in every run.")
 _STEP_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.0, "Each training task sleeps this long "
                                  "after each step (a kill can land inside an epoch).")
+_EVAL_TIMEOUT = flags.DEFINE_float("evaluator_timeout_secs", 7200.0,
+                                   "EpochSyncRunConfig(evaluator_timeout_secs).")
 
 FLAGS = flags.FLAGS
 
@@ -100,7 +103,8 @@ def main(argv):
               if _PATIENCE.value else None)
   config = estimator_ext.EpochSyncRunConfig(
       FLAGS.model_dir, early_stopping=stopping,
-      in_loop_eval=_IN_LOOP.value or None, tf_random_seed=_SEED.value)
+      in_loop_eval=_IN_LOOP.value or None, tf_random_seed=_SEED.value,
+      evaluator_timeout_secs=_EVAL_TIMEOUT.value)
   warm_start = None
   if _WARM_FROM.value:
     warm_start = tf.estimator.WarmStartSettings(
