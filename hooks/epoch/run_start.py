@@ -41,7 +41,6 @@ _POLL_SECS = 0.1
 # save exports the meta graph, which cannot serialize a Python object (TensorFlow warns).
 _HOOKS: "weakref.WeakKeyDictionary[tf.Graph, List[RunStartHook]]" = weakref.WeakKeyDictionary()
 _RPC_TIMEOUT_SECS = 60.0
-_READ_SECS = 2.0  # Bound of a read of the chief's heartbeat row (a busy ps: no progress seen).
 # This process in `epochsync/run_workers`: a relaunched task has another one.
 _PROCESS_ID = random.SystemRandom().getrandbits(62) + 1
 
@@ -79,6 +78,8 @@ class RunStartHook(_v1.train.SessionRunHook):
 
   def begin(self) -> None:
     self.started = False  # set once after_create_session has cleaned up (or waited)
+    self._join = None  # a worker's (earlier incarnation, write) into its roster slot
+    self._refused = False  # an earlier process of this task joined the current run
     _HOOKS.setdefault(_v1.get_default_graph(), []).append(self)
     with _v1.device(self._ps_device), tf.name_scope("epochsync_run_start"):
       # In no collection: not saved, not restored and not initialised by init_op, so that it
@@ -156,7 +157,7 @@ class RunStartHook(_v1.train.SessionRunHook):
     while (watch.observe([0]) if watch else time.monotonic() - start) < self._timeout:
       seen = int(session.run(self._seen_run_id, options=run_options(_RPC_TIMEOUT_SECS)))
       seen = None if seen == -1 else seen  # a new ps: not written yet
-      if seen == incarnation and self._joined(session, seen):
+      if seen == incarnation and not self._refused and self._joined(session, seen):
         return
       self._liveness.check([self._chief], "for it to start the run")
       logging.log_every_n_seconds(logging.INFO, "%s waiting for %s to start the run", 10,
@@ -165,7 +166,7 @@ class RunStartHook(_v1.train.SessionRunHook):
     waited = f"{self._timeout:g} s" if watch is None else (
         f"{time.monotonic() - start:.0f} s, the last {self._timeout:g} s without progress "
         f"({watch.describe([0])}),")
-    if getattr(self, "_refused", False):
+    if self._refused:
       raise StartupTimeoutError(
           f"{self._task} waited {waited} for {self._chief} to end run {seen:x}, which an "
           f"earlier process of {self._task} had joined: restart the whole job (every task) "
@@ -179,28 +180,23 @@ class RunStartHook(_v1.train.SessionRunHook):
   def _chief_watch(self, session) -> Optional[heartbeat.ProgressWatch]:
     if not self._num_workers:
       return None
-    def read():
-      try:
-        return session.run(self._rows, options=run_options(_READ_SECS))
-      except tf.errors.OpError:
-        return None
-    return heartbeat.ProgressWatch(read, [self._chief] + [""] * (self._num_workers - 1))
+    return heartbeat.ProgressWatch(heartbeat.session_reader(session, self._rows),
+                                   [self._chief] + [""] * (self._num_workers - 1))
 
   def _joined(self, session, run: int) -> bool:
-    """Joins the run in the roster; False (logged once) if an earlier incarnation joined it."""
-    if not hasattr(self, "_join"):
+    """Joins the run in the roster; False (logged) if an earlier incarnation joined it."""
+    if self._join is None:
       return True
     earlier, _ = session.run(self._join, {self._own_incarnation: _PROCESS_ID},
                              options=run_options(_RPC_TIMEOUT_SECS))
     if earlier in (0, _PROCESS_ID):
       return True
-    if not getattr(self, "_refused", False):
-      self._refused = True
-      logging.warning(
-          "%s restarted while %s's run %x is going on (its earlier process joined that run): "
-          "a run's workers are fixed at its start, so it does not join; it waits until %s ends "
-          "the run (it names the restart at its next wait) and then exits, to be relaunched "
-          "into the next run", self._task, self._chief, run, self._chief)
+    self._refused = True  # for good: only the chief's end (a TaskDiedError) ends the wait
+    logging.warning(
+        "%s restarted while %s's run %x is going on (its earlier process joined that run): "
+        "a run's workers are fixed at its start, so it does not join; it waits until %s ends "
+        "the run (it names the restart at its next wait) and then exits, to be relaunched "
+        "into the next run", self._task, self._chief, run, self._chief)
     return False
 
 

@@ -30,8 +30,8 @@ from hooks import graph_keys
 from hooks import log as logging
 from hooks.faults.waiting import run_options
 
-__all__ = ["Heartbeat", "ProgressWatch", "busy", "variables", "rows_op", "remote_reader",
-           "BEAT_SECS"]
+__all__ = ["Heartbeat", "ProgressWatch", "busy", "variables", "rows_op", "session_reader",
+           "remote_reader", "BEAT_SECS"]
 
 _v1 = tf.compat.v1
 BEAT_SECS = 1.0  # How often each task writes its row.
@@ -96,15 +96,23 @@ def rows_op(num_workers: int, ps_device: str = "/job:ps/task:0") -> tf.Tensor:
                    lambda: tf.zeros([num_workers, 5], tf.int64))
 
 
+def session_reader(session, rows: tf.Tensor) -> Callable[[], Optional[np.ndarray]]:
+  """fn() -> `rows` (`rows_op`) read on `session` within 2 s, or None if the ps did not answer."""
+  def read() -> Optional[np.ndarray]:
+    try:
+      return session.run(rows, options=run_options(_RUN_SECS))
+    except tf.errors.OpError:
+      return None
+  return read
+
+
 def remote_reader(ps_target: str, num_workers: int, ps_device: str = "/job:ps/task:0"
                   ) -> Callable[[], Optional[np.ndarray]]:
   """fn() -> every task's row, read over a session of its own to the ps at `ps_target`
-  (`grpc://host:port`), for a task outside the training session (the evaluator); None when
-  the ps does not answer within 2 s.
-
-  The first run also creates the session on the ps, an RPC no RunOptions deadline bounds (it
-  waits for a ps that is not up yet): each run goes on in a daemon thread, and read() waits
-  for it at most 2 s; while one is in flight no other starts.
+  (`grpc://host:port`), for a task outside the training session (the evaluator, a worker
+  waiting for the chief); None when the ps does not answer within 2 s. Each run goes on in a
+  daemon thread (the first creates the session, an RPC no deadline bounds), read() waits for
+  it at most 2 s, and while one is in flight no other starts.
   """
   graph = tf.Graph()
   with graph.as_default():
@@ -184,12 +192,7 @@ class Heartbeat:
 
   def reader(self, session) -> Callable[[], Optional[np.ndarray]]:
     """fn() -> every task's row ([num_workers, 5]), or None if the ps did not answer."""
-    def read():
-      try:
-        return session.run(self._read, options=run_options(_RUN_SECS))
-      except tf.errors.OpError:
-        return None
-    return read
+    return session_reader(session, self._read)
 
   def _beat(self, session) -> None:
     """Writes this task's row every beat, and once more when stopped (its last position)."""
