@@ -161,3 +161,35 @@ def test_a_5x_slower_worker_is_waited_for_and_named_without_a_false_alarm(tmp_pa
         assert re.search(pattern, log, re.MULTILINE), result.tasks[fast].tail(30)
   if sync:
     assert_equals_oracle(audit[-1]["checkpoint"], "linear", shards, 2)
+
+
+STUCK_STEP_TIMEOUT_SECS = 4
+
+
+@pytest.mark.timeout(150)
+def test_an_asynchronous_step_that_never_returns_ends_its_process_and_the_job(tmp_path):
+  """A run TensorFlow lost (docs/reliability.md) never returns: worker:2's 5th step here also
+  fetches a dequeue from an empty queue. Its watchdog ends it at the step timeout, and every
+  other task names it dead within seconds, long before the barrier's 30 minutes."""
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=8,5,3",
+                    "--epochsync_num_epochs=3", "--epochsync_sync=false",
+                    "--step_sleep_secs=0.1",
+                    f"--epochsync_step_timeout_secs={STUCK_STEP_TIMEOUT_SECS}"]
+  with LocalCluster(num_workers=3, timeout_secs=90, fail_fast_secs=DETECT_SECS + 15,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(command, per_task_args={"worker:2": ["--hang_worker=2", "--hang_step=5"]})
+    result = cluster.wait()
+  stuck = result.tasks["worker:2"]
+  assert stuck.returncode == 1 and not stuck.timed_out, stuck.tail(30)
+  assert "step 5: hanging in session.run" in stuck.log
+  assert re.search(r"worker:2: step 5 of this task has been in TensorFlow's session.run for "
+                   r"\d+ s; an asynchronous step waits for no other task", stuck.log), stuck.tail()
+  assert re.search(r"\nE\d{4} [^\n]*worker:2: step 5 of this task has been in TensorFlow's session.run "
+                   r"for [4-9] s.*this process ends now \(exit status 1\)", stuck.log), stuck.tail()
+  for name in ("worker:0", "worker:1"):
+    task = result.tasks[name]
+    assert task.returncode not in (0, None) and not task.timed_out, task.tail(30)
+    assert task.ended_at - stuck.ended_at < DETECT_SECS, (name, task.ended_at - stuck.ended_at)
+    assert "worker:2 died while" in task.log, task.tail(30)
+    assert "BarrierTimeoutError" not in task.log

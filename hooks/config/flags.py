@@ -87,7 +87,8 @@ STARTUP_TIMEOUT_SECS = _define_secs(
 STEP_TIMEOUT_SECS = _define_secs(
     "epochsync_step_timeout_secs", _DEFAULTS.step_timeout_secs,
     "Seconds one synchronous step may wait for gradients or its token while no task makes "
-    "progress (a save of the chief counts as progress) before raising.")
+    "progress (a save of the chief counts as progress) before raising; in asynchronous "
+    "training, seconds one step may stay in session.run before its process ends (exit 1).")
 WARN_AFTER_SECS = _define_secs(
     "epochsync_warn_after_secs", _DEFAULTS.warn_after_secs,
     "A wait whose tasks made no progress for longer than this logs a WARNING naming them; "

@@ -31,6 +31,7 @@ from hooks.faults.waiting import run_options
 from hooks.faults.lost_session import describe_lost_session, lost_session_log
 from hooks.faults.process_exit import exit_after, exit_process, where
 from hooks.faults.step_retry import retry_duplicate_steps
+from hooks.faults.stuck_step import StuckStepWatchdog
 
 __all__ = ["RecoveryGuardHook", "GRACE_SECS", "EXIT_STATUS"]
 
@@ -65,12 +66,15 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
     needed: the tasks TensorFlow's session creation waits for (default: the ps tasks among
       `watched`; epoch_sync_hooks adds the chief on a worker). A session reached them, so once
       one existed, such a task that is down has died even if no probe here saw it up.
+    stuck_step: a `StuckStepWatchdog` that watches every step's run (an asynchronous job's:
+      a step that waits for no other task and never ends ends the process).
   """
 
   def __init__(self, liveness: LivenessMonitor, task_name: str, watched: Sequence[str],
                grace_secs: float = GRACE_SECS, exit_fn: Optional[Callable[[int], None]] = None,
                cap_fn: Optional[Callable[[float], None]] = None,
-               startup_timeout_secs: float = 600.0, needed: Optional[Sequence[str]] = None):
+               startup_timeout_secs: float = 600.0, needed: Optional[Sequence[str]] = None,
+               stuck_step: Optional[StuckStepWatchdog] = None):
     self._liveness, self._task = liveness, task_name
     self._watched = [n for n in watched if n in liveness.addresses and n != task_name]
     self._needed = [n for n in self._watched if n.startswith("ps:")] if needed is None else [
@@ -81,6 +85,7 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
     self._thread: Optional[threading.Thread] = None
     self._sessions, self._coord = 0, None
     self._global_step, self._lost = None, lost_session_log()
+    self._stuck_step = stuck_step
 
   def begin(self) -> None:
     self._stop_watcher()
@@ -98,7 +103,9 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
   def after_create_session(self, session, coord) -> None:
     self._sessions += 1
     self._coord = coord
-    retry_duplicate_steps(session, self._task)
+    retry_duplicate_steps(session, self._task, self._stuck_step)
+    if self._stuck_step is not None:
+      self._stuck_step.start()
     if self._sessions > 1:
       self._stop_watcher()  # this thread raises now: nothing is left to end
       steps = self._lost.steps()
@@ -133,6 +140,8 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
 
   def _stop_watcher(self) -> None:
     self._stop.set()
+    if self._stuck_step is not None:
+      self._stuck_step.stop()
     _GUARDS.discard(self)
 
   def at_exit(self) -> None:

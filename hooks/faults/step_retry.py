@@ -15,14 +15,16 @@ Typical usage (RecoveryGuardHook.after_create_session does it):
   retry_duplicate_steps(session, "worker:1")
 """
 
+import contextlib
 import re
 import sys
-from typing import Any, Callable, Iterable, Set
+from typing import Any, Callable, Iterable, Optional, Set
 
 import tensorflow as tf
 
 from hooks import graph_keys
 from hooks import log as logging
+from hooks.faults.stuck_step import StuckStepWatchdog
 
 __all__ = ["retry_duplicate_steps", "run_retrying", "rejecting_tasks", "rejected_by_own_task",
            "step_retryable", "run_retryable", "MAX_RETRIES"]
@@ -88,11 +90,12 @@ def run_retrying(fn: Callable[[], Any], what: str, task_name: str,
   raise AssertionError("unreachable")
 
 
-def retry_duplicate_steps(session, task_name: str) -> None:
+def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepWatchdog] = None) -> None:
   """Wraps `session.run` (this session object only): a run TensorFlow rejected as a duplicate
   is logged at WARNING and run again (`run_retrying`) when nothing stateful of it ran: a
   MonitoredSession step by `step_retryable`, any other run by `run_retryable`. Every other
-  error passes through unchanged."""
+  error passes through unchanged. A `watchdog` (hooks.faults.stuck_step) watches each step's
+  run, retries included."""
   run = session.run
   if getattr(run, "_epochsync_retrying", False):
     return
@@ -106,8 +109,9 @@ def retry_duplicate_steps(session, task_name: str) -> None:
       return run_retrying(lambda: run(*args, **kwargs), "a run of a hook", task_name,
                           lambda e: run_retryable(e, task_name))
     steps[0] += 1
-    return run_retrying(lambda: run(*args, **kwargs), f"step {steps[0]} of this task",
-                        task_name, lambda e: step_retryable(e, task_name, gated))
+    with watchdog.step(steps[0]) if watchdog else contextlib.nullcontext():
+      return run_retrying(lambda: run(*args, **kwargs), f"step {steps[0]} of this task",
+                          task_name, lambda e: step_retryable(e, task_name, gated))
 
   run_step._epochsync_retrying = True  # pylint: disable=protected-access
   session.run = run_step

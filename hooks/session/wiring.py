@@ -10,7 +10,7 @@ Typical usage:
     while not sess.should_stop(): sess.run(train_op)
 """
 
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -29,6 +29,8 @@ from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
 from hooks.checkpoint.mid_epoch_resume import MidEpochResume
 from hooks.epoch.progress import EpochProgressHook
 from hooks.faults.recovery_guard import RecoveryGuardHook
+from hooks.faults.step_watch import StepWatch
+from hooks.faults.stuck_step import StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.config.settings import EpochSyncSettings
 
@@ -99,7 +101,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   needed = [n for n in sorted(monitor.addresses) if n.startswith("ps:")]
   needed += [] if config.is_chief else [config.worker_names[0]]
   guard = RecoveryGuardHook(monitor, config.task_name, sorted(monitor.addresses),
-                            startup_timeout_secs=settings.startup_timeout_secs, needed=needed)
+                            startup_timeout_secs=settings.startup_timeout_secs, needed=needed,
+                            stuck_step=_stuck_step_watchdog(config, settings, sync_hook))
   hooks: List[tf.compat.v1.train.SessionRunHook] = [guard]
   if config.is_chief and model_dir:  # Before the run starts: the workers then read its state.
     hooks.append(MidEpochRestoreHook(model_dir, config.num_workers))
@@ -125,3 +128,14 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     hooks.append(EpochSummaryHook(barrier, summary_dir or model_dir))
   hooks.append(EpochProgressHook(epoch_input, every_secs=settings.progress_secs))
   return hooks + [epoch_input.hook]
+
+
+def _stuck_step_watchdog(config: ClusterConfig, settings: EpochSyncSettings,
+                         sync_hook: Any) -> Optional[StuckStepWatchdog]:
+  """An asynchronous job's steps wait for no other task: one that never ends ends the process.
+  (A synchronous step waits for the others; SafeSyncTokensHook's watchdog bounds it.)"""
+  if settings.sync or sync_hook is not None:
+    return None
+  timeout = settings.step_timeout_secs
+  return StuckStepWatchdog(config.task_name, StepWatch(
+      timeout, min(settings.warn_after_secs, timeout / 2), settings.log_every_secs))

@@ -9,6 +9,9 @@
                                     CheckpointSaverListener sleeps in before_save)
   --mid_epoch_save_sleep_secs=8     each mid-epoch checkpoint of the chief takes 8 s longer
   --restore_sleep_secs=12           each checkpoint restore takes 12 s longer
+  --hang_worker=2 --hang_step=5     worker id 2's 5th step never comes back from session.run (it
+                                    also fetches a dequeue from an empty queue: a run TensorFlow
+                                    lost, as after a duplicate RunGraph whose cancellation was lost)
 """
 
 import faulthandler
@@ -34,6 +37,8 @@ _SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0,
                                  "Each epoch checkpoint of the chief takes this much longer.")
 _MID_SAVE_SLEEP = flags.DEFINE_float(
     "mid_epoch_save_sleep_secs", 0.0, "Each mid-epoch checkpoint of the chief takes this long more.")
+_HANG_WORKER = flags.DEFINE_integer("hang_worker", -1, "Worker id whose step never returns.")
+_HANG_STEP = flags.DEFINE_integer("hang_step", 5, "Which step of --hang_worker hangs (from 1).")
 _RESTORE_SLEEP = flags.DEFINE_float("restore_sleep_secs", 0.0,
                                     "Each checkpoint restore takes this much longer.")
 
@@ -85,6 +90,22 @@ class _Stall(EpochListener):
       time.sleep(10_000)
 
 
+class _HangStep(tf.compat.v1.train.SessionRunHook):
+  """The --hang_step-th step also fetches a dequeue from an empty queue: it never ends."""
+
+  def begin(self):
+    self._steps = 0
+    with tf.name_scope("test_hang"):
+      self._never = tf.queue.FIFOQueue(1, tf.int32).dequeue()
+
+  def before_run(self, run_context):
+    self._steps += 1
+    if self._steps == _HANG_STEP.value:
+      print(f"step {self._steps}: hanging in session.run", flush=True)
+      return tf.compat.v1.train.SessionRunArgs(self._never)
+    return None
+
+
 class _DelayBegin(tf.compat.v1.train.SessionRunHook):
   """Sleeps in begin(): after the graph and the server exist, before the session is created."""
 
@@ -96,6 +117,8 @@ def _extra_hooks(config, epoch_input):
   hooks = [_SlowSteps()] if _STEP_SLEEP.value > 0 else []
   if config.is_chief and _CHIEF_DELAY.value > 0:
     hooks.append(_DelayBegin())
+  if config.worker_id == _HANG_WORKER.value:
+    hooks.append(_HangStep())
   if config.worker_id == _STALL_WORKER.value:
     epoch_input.add_listener(_Stall())
   return hooks
