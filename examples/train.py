@@ -32,9 +32,18 @@ from hooks.data.epoch_input import EpochInput
 from hooks.errors import SyncTimeoutError
 from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 from hooks.session.training_session import monitored_training_session
+from hooks.workqueue import WorkUnit, work_queue_input
 
 _SHARD_BATCHES = flags.DEFINE_list(
     "shard_batches", ["9", "5", "0"], "Batches in each training worker's shard, by worker id.")
+_UNIT_BATCHES = flags.DEFINE_list(
+    "unit_batches", [], "Train through a work queue (hooks.workqueue) instead of static shards: "
+    "the epoch's units, by their size in batches; each worker takes the next unit when its "
+    "last one ends (replaces --shard_batches).")
+_UNIT_SEED = flags.DEFINE_integer("unit_seed", 0, "The units' order in each epoch is drawn "
+                                  "from (seed, epoch).")
+_UNIT_SHUFFLE = flags.DEFINE_bool("unit_shuffle", True, "Reshuffle the units every epoch "
+                                  "(False: their order as given).")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per batch.", lower_bound=1)
 _MODEL = flags.DEFINE_enum("model", "linear", ["linear", "embedding"],
                            "linear: dense gradients; embedding: a table partitioned over the "
@@ -79,6 +88,33 @@ def shard_dataset(model: str, worker_id: int, num_batches: int, batch_size: int,
   """One pass over one worker's shard, batched; never repeated."""
   inputs, labels = shard_arrays(model, worker_id, num_batches, batch_size, features)
   return tf.data.Dataset.from_tensor_slices((inputs, labels)).batch(batch_size)
+
+
+def work_units(unit_batches: Sequence[int], batch_size: int) -> List[WorkUnit]:
+  """The units of the work-queue job: consecutive row ranges of `unit_arrays`, one per size."""
+  units, start = [], 0
+  for batches in unit_batches:
+    units.append(WorkUnit("", start, start + batches * batch_size))
+    start += batches * batch_size
+  return units
+
+
+def unit_arrays(model: str, unit_batches: Sequence[int], batch_size: int, features: int):
+  """The (inputs, labels) every unit is a row range of (as shard_arrays, from one seed)."""
+  return shard_arrays(model, 999, sum(unit_batches), batch_size, features)
+
+
+def unit_input(model: str, config, settings, unit_batches: Sequence[int]) -> EpochInput:
+  """An EpochInput over the work queue of `unit_batches`."""
+  inputs, labels = unit_arrays(model, unit_batches, _BATCH_SIZE.value, _FEATURES.value)
+
+  def unit_fn(unit):
+    rows = tf.data.Dataset.from_tensor_slices((inputs, labels))
+    return rows.skip(unit.start).take(unit.count).batch(_BATCH_SIZE.value)
+
+  return work_queue_input(work_units(unit_batches, _BATCH_SIZE.value), unit_fn,
+                          settings.num_epochs, config.num_workers, config.worker_id,
+                          config.task_name, seed=_UNIT_SEED.value, shuffle=_UNIT_SHUFFLE.value)
 
 
 def first_epoch_counts(ids, epoch_tensor, vocabulary: int):
@@ -150,9 +186,13 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] =
   with _v1.device(_v1.train.replica_device_setter(
       worker_device=config.job_device, cluster=config.cluster_spec())):
     global_step = _v1.train.get_or_create_global_step()
-    dataset = shard_dataset(_MODEL.value, config.worker_id, num_batches, _BATCH_SIZE.value,
-                            _FEATURES.value)
-    epoch_input = EpochInput(dataset, settings.num_epochs, config.task_name)
+    if _UNIT_BATCHES.value:
+      epoch_input = unit_input(_MODEL.value, config, settings,
+                               [int(n) for n in _UNIT_BATCHES.value])
+    else:
+      dataset = shard_dataset(_MODEL.value, config.worker_id, num_batches, _BATCH_SIZE.value,
+                              _FEATURES.value)
+      epoch_input = EpochInput(dataset, settings.num_epochs, config.task_name)
     x, y = epoch_input.get_next()
     if _MODEL.value == "embedding":
       x = first_epoch_counts(x, epoch_input.epoch_tensor, _FEATURES.value)

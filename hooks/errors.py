@@ -15,8 +15,10 @@ The tree:
     |   +-- BarrierTimeoutError     an epoch barrier (start / epoch_end) expired
     |   +-- StepTimeoutError        a synchronous step's gradients or token never came
     |   +-- StartupTimeoutError     a worker's session: the chief never initialised the model
+    |   +-- ClaimTimeoutError       a work queue's claim of the next unit never got an answer
     +-- TaskDiedError               a task this one waited for died or restarted
     +-- EpochIncompleteError        the session ended before num_epochs finished
+    +-- WorkQueueError              a work queue's epoch is not exact (a unit missing or short)
     +-- UnsupportedTensorFlowError (ImportError)  `import hooks`: no TensorFlow, or not 2.15-2.21
     +-- EstimatorUnavailableError (ImportError)   `import estimator_ext`: no tf.estimator here
 """
@@ -31,8 +33,10 @@ __all__ = [
     "BarrierTimeoutError",
     "StepTimeoutError",
     "StartupTimeoutError",
+    "ClaimTimeoutError",
     "TaskDiedError",
     "EpochIncompleteError",
+    "WorkQueueError",
     "UnsupportedTensorFlowError",
     "EstimatorUnavailableError",
     "raise_if_problems",
@@ -75,6 +79,10 @@ class StartupTimeoutError(SyncTimeoutError):
   """A worker's session creation timed out; `missing` names the chief it waited for."""
 
 
+class ClaimTimeoutError(SyncTimeoutError):
+  """A worker's claim of its next unit from the work queue on ps:0 got no answer in time."""
+
+
 class TaskDiedError(EpochSyncError):
   """A task this one waited for died or restarted (its server is gone or has a new incarnation).
 
@@ -93,6 +101,11 @@ class TaskDiedError(EpochSyncError):
 
 class EpochIncompleteError(EpochSyncError):
   """The training session ended before the configured number of epochs finished."""
+
+
+class WorkQueueError(EpochSyncError):
+  """The work queue's epoch is not exact: a unit never handed out, never finished, or holding
+  other counts than its worker trained or than its records; the message names each."""
 
 
 class UnsupportedTensorFlowError(EpochSyncError, ImportError):

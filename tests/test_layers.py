@@ -2,7 +2,7 @@
 
 The layers, bottom first (docs/architecture.md draws them):
   0 hooks.errors, hooks.log, hooks.graph_keys
-  1 hooks.config   2 hooks.faults   3 hooks.data   4 hooks.epoch
+  1 hooks.config   2 hooks.faults   3 hooks.data   4 hooks.epoch, hooks.workqueue (siblings)
   5 hooks.sync, hooks.checkpoint (siblings: neither imports the other)
   6 hooks.session
 hooks.testing stands apart (the local cluster launcher, the numpy oracle): nothing in the
@@ -18,7 +18,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOOKS = os.path.join(ROOT, "hooks")
 LAYERS = {"errors": 0, "log": 0, "graph_keys": 0, "config": 1, "faults": 2, "data": 3,
-          "epoch": 4, "sync": 5, "checkpoint": 5, "session": 6}
+          "epoch": 4, "workqueue": 4, "sync": 5, "checkpoint": 5, "session": 6}
 
 
 def _modules():

@@ -21,6 +21,7 @@ from hooks.config import preflight
 from hooks.data import input_graph
 from hooks.data import step_gate
 from hooks.data.epoch_listener import EpochStats
+from hooks.data.passes import PassEnd
 from hooks.errors import EpochIncompleteError, raise_if_problems
 from hooks.faults.waiting import run_options
 
@@ -39,6 +40,7 @@ class EpochDriverHook(_v1.train.SessionRunHook):
     self._epoch = 0
     self._finished = False
     self._batches = self._examples = self._skip = self._skipped = self._skipped_examples = 0
+    self._pass_batches = self._pass_examples = 0
     self._started_at = 0.0
     self.history: List[EpochStats] = []
 
@@ -71,6 +73,8 @@ class EpochDriverHook(_v1.train.SessionRunHook):
     # local step, and then the look-ahead's first batch (whether the shard is empty).
     with tf.name_scope("epochsync_input/start"):
       self._start_and_preload = self._input._lookahead.start(start_ops)
+    with tf.name_scope("epochsync_input/next_pass"):  # A pass after the epoch's first one.
+      self._start_pass = self._input._lookahead.start([self._input._iterator.initializer])
     name = self._input.task_name
     hooks = preflight.hooks_of_calling_session(self)
     if hooks is None:
@@ -106,17 +110,30 @@ class EpochDriverHook(_v1.train.SessionRunHook):
       self._skipped, self._skip = self._skip, 0  # Counted in the epoch's batches.
       self._skipped_examples = self._count_skipped_examples(session)
       self._batches, self._examples = self._skipped, self._skipped_examples
+      self._pass_batches = self._pass_examples = 0
       has_value = session.run(self._start_and_preload, {
-          self._input._epoch_value: self._epoch, self._input._skip: self._skipped})["has_next"]
+          self._input._epoch_value: self._epoch, self._input._skip: self._skipped,
+          **self._input.passes.first_pass(session, self._epoch)})["has_next"]
       for listener in self._input.listeners:
         listener.epoch_started(session, self._epoch)
-      if has_value:
+      if has_value or self._next_pass_with_data(session):
         return False
       logging.info("%s: shard is empty in epoch %d%s", self._input.task_name, self._epoch,
                    f" after the {self._skipped} batches skipped" if self._skipped else "")
       self._end_epoch(session)
     self._finished = True
     return True
+
+  def _next_pass_with_data(self, session) -> bool:
+    """Starts the epoch's next passes until one has a batch; False when the source has none."""
+    while True:
+      ended = PassEnd(self._pass_batches, self._pass_examples, self._batches)
+      feeds = self._input.passes.next_pass(session, self._epoch, ended)
+      if feeds is None:
+        return False
+      self._pass_batches = self._pass_examples = 0
+      if session.run(self._start_pass, feeds)["has_next"]:
+        return True
 
   def _count_skipped_examples(self, session) -> int:
     """The examples of the batches an earlier attempt trained (0 when none are skipped)."""
@@ -162,9 +179,12 @@ class EpochDriverHook(_v1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     if run_values.results is None:
       return
+    examples = self._input._lookahead.examples(run_values.results)
     self._batches += 1
-    self._examples += self._input._lookahead.examples(run_values.results)
-    if run_values.results["has_next"]:
+    self._examples += examples
+    self._pass_batches += 1
+    self._pass_examples += examples
+    if run_values.results["has_next"] or self._next_pass_with_data(run_context.session):
       return
     self._end_epoch(run_context.session)
     if self._start_epochs_until_data(run_context.session):

@@ -16,7 +16,7 @@ Typical usage:
     while not sess.should_stop(): sess.run(train_op)
 """
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 import tensorflow as tf
 
@@ -24,6 +24,7 @@ from hooks.data import input_graph
 from hooks.data import lookahead
 from hooks.data.epoch_driver import EpochDriverHook
 from hooks.data.epoch_listener import EpochListener, EpochStats
+from hooks.data.passes import PassSource
 from hooks.errors import ConfigError
 
 __all__ = ["EpochInput", "EpochListener", "EpochStats"]
@@ -51,6 +52,9 @@ class EpochInput:
       examples are counted from the first batched component in tf.nest order.
     num_epochs: `int`, epochs to train; the session stops after the last one.
     task_name: `str`, e.g. "worker:1", used in logs.
+    passes: `PassSource`, where each epoch's passes over `dataset` come from; default one
+      pass (the static shard). hooks.workqueue.work_queue_input gives one per unit it hands
+      this worker.
 
   Raises:
     ConfigError: if `num_epochs` < 1 or `dataset` is not a tf.data.Dataset; from the hook, before
@@ -59,7 +63,8 @@ class EpochInput:
       infinite (tf.data cardinality INFINITE, when the session is created).
   """
 
-  def __init__(self, dataset: tf.data.Dataset, num_epochs: int, task_name: str = "worker"):
+  def __init__(self, dataset: tf.data.Dataset, num_epochs: int, task_name: str = "worker",
+               passes: Optional[PassSource] = None):
     problems = []
     if not isinstance(num_epochs, int) or num_epochs < 1:
       problems.append(f"num_epochs={num_epochs!r} must be an int >= 1 "
@@ -71,6 +76,7 @@ class EpochInput:
       raise ConfigError("; ".join(problems))
     self.num_epochs = num_epochs
     self.task_name = task_name
+    self.passes = passes or PassSource()
     dataset = self._dataset = input_graph.without_autotune_stall(dataset, task_name)
     with tf.name_scope("epochsync_input"):
       self._cardinality = dataset.cardinality()  # INFINITE is refused at session creation

@@ -33,6 +33,9 @@ from hooks.faults.step_watch import StepWatch
 from hooks.faults.stuck_step import StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.config.settings import EpochSyncSettings
+from hooks import log as logging
+from hooks.workqueue.audit import UnitAudit
+from hooks.workqueue.unit_passes import UnitPasses
 
 __all__ = ["epoch_sync_hooks"]
 
@@ -91,6 +94,11 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       startup_timeout_secs=settings.startup_timeout_secs,
       warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
       audit_dir=model_dir, liveness=monitor)
+  queue = epoch_input.passes if isinstance(epoch_input.passes, UnitPasses) else None
+  if queue is not None:
+    queue.claims.liveness = monitor
+    if config.is_chief:  # Before the save: a wrong epoch is never saved.
+      barrier.add_chief_action(UnitAudit(queue, config.worker_names))
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
@@ -115,6 +123,12 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   sync = sync_hook if hasattr(sync_hook, "on_aggregated") else None
   # Synchronous training saves between two aggregations: only with the optimizer's hook here.
   mid_epoch = bool(model_dir and (secs or steps) and (sync is not None or not settings.sync))
+  if mid_epoch and queue is not None:
+    mid_epoch = False
+    if config.is_chief:
+      logging.info("%s: no mid-epoch checkpoints with a work queue yet (hooks.workqueue): the "
+                   "chief saves at every epoch's end, with the queue's state",
+                   config.task_name)
   if mid_epoch:  # A resume skips by position: the order must be the same on a rerun.
     determinism.warn_if_nondeterministic(epoch_input.dataset, config.task_name)
   resume = MidEpochResume(epoch_input, **common, count_applied=mid_epoch and sync is None)

@@ -1,0 +1,75 @@
+"""The chief's check of a work queue's epoch, and the units' part of the audit line.
+
+At the epoch's end (a barrier chief action, after every worker arrived and before the save),
+the chief reads the queue on ps:0 and lists every unit in the order it was handed out: its
+worker, the worker's batch count when it took it, its batches and examples. The epoch is exact
+when every unit was handed out and finished, each worker's units add up to what it trained,
+and each unit of a known record range yielded that many examples. Anything else raises
+WorkQueueError naming each problem, so no checkpoint of a wrong epoch is written.
+
+Typical usage (hooks.session.wiring registers it on the chief):
+  barrier.add_chief_action(UnitAudit(passes, worker_names))
+"""
+
+from typing import Dict, List, Sequence
+
+from hooks.data.epoch_listener import EpochStats
+from hooks.errors import WorkQueueError
+from hooks.faults.waiting import run_options
+from hooks.workqueue.unit_passes import UnitPasses
+
+__all__ = ["UnitAudit"]
+
+_READ_TIMEOUT_SECS = 60.0
+
+
+class UnitAudit:
+  """A barrier chief action: (session, epoch, arrivals) -> {"units": [...]} or WorkQueueError."""
+
+  def __init__(self, passes: UnitPasses, worker_names: Sequence[str]):
+    self._passes, self._names = passes, list(worker_names)
+
+  def __call__(self, session, epoch: int, arrivals: Dict[str, EpochStats]) -> Dict[str, object]:
+    state = session.run(self._passes.claims.state, options=run_options(_READ_TIMEOUT_SECS))
+    units, problems = self._units(state), []
+    if int(state["epoch"]) != epoch:
+      problems.append(f"the queue on ps:0 is in epoch {int(state['epoch'])}, not {epoch}")
+    handed = int(state["next"])
+    if handed != len(self._passes.units):
+      problems.append(f"{len(self._passes.units) - handed} of {len(self._passes.units)} units "
+                      "were never handed out: " + ", ".join(
+                          str(self._passes.units[i]) for i in state["order"][handed:][:5]))
+    problems += [f"unit {u['unit']} was taken by {u['worker']} but never finished"
+                 for u in units if u["batches"] < 0]
+    problems += self._count_problems(units, arrivals)
+    if problems:
+      raise WorkQueueError(f"the work queue's epoch {epoch} is not exact: " + "; ".join(problems))
+    return {"units": units}
+
+  def _units(self, state) -> List[Dict[str, object]]:
+    out = []
+    for index in state["order"][:int(state["next"])]:
+      owner = int(state["owner"][index])
+      out.append({"unit": str(self._passes.units[index]), "index": int(index),
+                  "worker": self._names[owner] if owner >= 0 else None,
+                  "first_batch": int(state["first_batch"][index]),
+                  "batches": int(state["batches"][index]),
+                  "examples": int(state["examples"][index])})
+    return out
+
+  def _count_problems(self, units, arrivals: Dict[str, EpochStats]) -> List[str]:
+    problems = []
+    for name, stats in sorted(arrivals.items()):
+      mine = [u for u in units if u["worker"] == name]
+      batches, examples = (sum(u[k] for u in mine) for k in ("batches", "examples"))
+      if (batches, examples) != (stats.batches, stats.examples):
+        problems.append(f"{name} trained {stats.batches} batches / {stats.examples} examples "
+                        f"but its units hold {batches} / {examples}")
+    if self._passes.records_are_examples:
+      for u in units:
+        count = self._passes.units[u["index"]].count
+        if count >= 0 and u["examples"] != count:
+          problems.append(f"unit {u['unit']} yielded {u['examples']} examples, its range holds "
+                          f"{count} records ({'short' if u['examples'] < count else 'long'}: "
+                          "a filter, drop_remainder or repeat in unit_fn?)")
+    return problems

@@ -1,0 +1,84 @@
+"""A worker's claims of its next unit: one run on ps:0 each, with a deadline and safe retries.
+
+A claim (hooks.workqueue.queue_graph) is answered once per claim number, so a claim whose answer
+was lost (its deadline expired, the ps rejected the request as a duplicate, a transient network
+error) is simply run again with the same number: the queue answers the unit it handed out
+before, or hands one out now, never both. The retries stop at `timeout_secs` with a
+ClaimTimeoutError naming the epoch, the worker and ps:0.
+
+Typical usage (hooks.workqueue.passes does it):
+  claims = UnitClaims(ops, worker_id=1, task_name="worker:1", timeout_secs=600)
+  unit = claims.claim(session, epoch=0, at_batch=0)                  # the epoch's first unit
+  unit = claims.claim(session, 0, at_batch=12, finished=(unit, 12, 96))  # the next, or -1
+"""
+
+import time
+from typing import Optional, Tuple
+
+import tensorflow as tf
+
+from hooks import log as logging
+from hooks.errors import ClaimTimeoutError, EpochSyncError
+from hooks.faults.waiting import run_options
+from hooks.workqueue.queue_graph import QueueOps, STALE
+
+__all__ = ["UnitClaims"]
+
+_ATTEMPT_SECS = 30.0  # One claim's deadline: a claim waits only for other claims (microseconds).
+_RETRY_PAUSE_SECS = 0.5
+_TRANSIENT = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+              tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+class UnitClaims:
+  """This worker's claims in the current epoch (numbered from 0 per epoch)."""
+
+  def __init__(self, ops: QueueOps, worker_id: int, task_name: str, timeout_secs: float,
+               attempt_secs: float = _ATTEMPT_SECS):
+    self._ops, self._worker, self.task_name = ops, worker_id, task_name
+    self._timeout, self._attempt = timeout_secs, min(attempt_secs, timeout_secs)
+    self._epoch, self._seq = None, 0
+    self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
+    self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
+
+  def claim(self, session, epoch: int, at_batch: int,
+            finished: Optional[Tuple[int, int, int]] = None) -> int:
+    """Records `finished` (unit, batches, examples) and returns the next unit, -1 if none."""
+    if epoch != self._epoch:
+      self._epoch, self._seq = epoch, 0
+    unit, batches, examples = finished if finished else (-1, 0, 0)
+    ops = self._ops
+    feeds = {ops.epoch: epoch, ops.worker: self._worker, ops.seq: self._seq,
+             ops.at_batch: at_batch, ops.finished: unit, ops.finished_batches: batches,
+             ops.finished_examples: examples}
+    answer = self._run(session, feeds, epoch)
+    if answer == STALE:
+      raise EpochSyncError(
+          f"{self.task_name} claimed a unit of epoch {epoch} but the work queue on ps:0 is in a "
+          "later epoch: this worker is behind the others (a process from an earlier run?); "
+          "restart the whole job")
+    self._seq += 1
+    return answer
+
+  def _run(self, session, feeds, epoch: int) -> int:
+    started = time.monotonic()
+    attempt = 0
+    while True:
+      attempt += 1
+      try:
+        return int(session.run(self._ops.claim, feeds, options=run_options(self._attempt)))
+      except _TRANSIENT as e:
+        waited = time.monotonic() - started
+        if self.liveness is not None:
+          self.liveness.check(["ps:0"], f"for its claim of a unit in epoch {epoch}", force=True)
+        if waited + _RETRY_PAUSE_SECS >= self._timeout:
+          raise ClaimTimeoutError(
+              f"{self.task_name} could not claim its next unit of epoch {epoch} from the work "
+              f"queue on ps:0 for {waited:.0f} s ({attempt} attempts; the last: "
+              f"{type(e).__name__}: {e.message}); check ps:0's log and its load",
+              ["ps:0"]) from e
+        logging.warning("%s: claim %d of epoch %d got no answer (%s: %s); claiming again (a "
+                        "claim is answered once: a retry cannot take a second unit)",
+                        self.task_name, feeds[self._ops.seq], epoch, type(e).__name__,
+                        e.message.splitlines()[0] if e.message else "")
+        time.sleep(_RETRY_PAUSE_SECS)

@@ -1,0 +1,87 @@
+"""An EpochInput over a work queue: the epoch's units handed to whichever worker is free.
+
+Instead of a static shard, each worker trains the units it claims from a queue on ps:0
+(hooks.workqueue.queue_graph), one pass per unit, until none is left; every unit is trained
+exactly once per epoch, and the queue is saved in every checkpoint. The rest of the job (the
+done signal, the barrier, the chief's save, the sync optimizer) works unchanged: a worker's
+epoch ends when the queue has no unit left for it.
+
+Typical usage (build it inside the worker's graph, as EpochInput):
+  units = hooks.workqueue.units_of_files(sorted(glob.glob("/data/part-*.tfrecord")))
+  epoch_input = work_queue_input(units, unit_fn, num_epochs=3, num_workers=config.num_workers,
+                                 worker_id=config.worker_id, task_name=config.task_name)
+  features, labels = epoch_input.get_next()
+  hooks = epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir)
+"""
+
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from hooks.data.epoch_input import EpochInput
+from hooks.errors import ConfigError, raise_if_problems
+from hooks.workqueue import queue_graph
+from hooks.workqueue.claims import UnitClaims
+from hooks.workqueue.unit_passes import UnitPasses
+from hooks.workqueue.units import UnitTensors, WorkUnit, unit_problems
+
+__all__ = ["work_queue_input"]
+
+_v1 = tf.compat.v1
+PS_DEVICE = "/job:ps/task:0"
+
+
+def work_queue_input(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors], tf.data.Dataset],
+                     num_epochs: int, num_workers: int, worker_id: int, task_name: str,
+                     seed: int = 0, shuffle: bool = True, claim_timeout_secs: float = 600.0,
+                     records_are_examples: bool = True, ps_device: str = PS_DEVICE
+                     ) -> EpochInput:
+  """An EpochInput whose epochs are the `units`, handed out through a queue on `ps_device`.
+
+  Args:
+    units: the epoch's `WorkUnit`s (files or record ranges); checked now (empty, duplicates,
+      missing files).
+    unit_fn: `UnitTensors -> tf.data.Dataset`, the batches of one unit (parse and batch; one
+      pass, not repeated). Batches never span two units.
+    num_epochs: `int`, epochs to train.
+    num_workers, worker_id: this job's training workers and this worker's id (ClusterConfig).
+    task_name: e.g. "worker:1", in logs.
+    seed: `int`, the order of the units in each epoch is drawn from (seed, epoch).
+    shuffle: `bool`, False: the units' order as given, every epoch.
+    claim_timeout_secs: `float`, how long a claim may go unanswered before ClaimTimeoutError.
+    records_are_examples: `bool`, the chief's audit requires each record range to yield as
+      many examples as it holds records; False if `unit_fn` filters on purpose.
+    ps_device: where the queue lives.
+
+  Raises:
+    ConfigError: bad units or arguments, naming each problem.
+  """
+  raise_if_problems(unit_problems(units), f"work units of {task_name}")
+  if not callable(unit_fn):
+    raise ConfigError(f"unit_fn={unit_fn!r} must be a function UnitTensors -> tf.data.Dataset")
+  if not 0 <= worker_id < num_workers:
+    raise ConfigError(f"worker_id={worker_id} must be in [0, num_workers={num_workers})")
+  with tf.name_scope("epochsync_units"):
+    unit = _v1.placeholder_with_default(tf.constant(-1, tf.int64), [], "unit")
+    paths = tf.constant([u.path for u in units], tf.string)
+    starts = tf.constant([u.start for u in units], tf.int64)
+    counts = tf.constant([u.count for u in units], tf.int64)
+
+    @tf.autograph.experimental.do_not_convert
+    def batches_of(index):
+      dataset = unit_fn(UnitTensors(index, paths[index], starts[index], counts[index]))
+      if not isinstance(dataset, tf.data.Dataset):
+        raise ConfigError(f"unit_fn returned {type(dataset).__name__}; it must return the "
+                          "tf.data.Dataset of one unit's batches")
+      return dataset
+
+    dataset = tf.data.Dataset.from_tensors(unit).filter(_is_unit).flat_map(batches_of)
+  ops = queue_graph.build(len(units), num_workers, seed, shuffle, ps_device)
+  claims = UnitClaims(ops, worker_id, task_name, claim_timeout_secs)
+  passes = UnitPasses(claims, unit, units, task_name, records_are_examples)
+  return EpochInput(dataset, num_epochs, task_name, passes=passes)
+
+
+@tf.autograph.experimental.do_not_convert
+def _is_unit(index: tf.Tensor) -> tf.Tensor:
+  return index >= 0

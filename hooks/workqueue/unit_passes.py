@@ -1,0 +1,52 @@
+"""EpochInput's passes from the work queue: each pass is one unit this worker claimed.
+
+The epoch's first pass claims the worker's first unit; when a unit's pass ends, the next
+claim records it (batches, examples) and takes the next one, in one run on ps:0; the claim
+that finds the queue empty ends the worker's epoch. One claim per unit, none per step.
+
+Typical usage (hooks.workqueue.work_queue_input builds it):
+  passes = UnitPasses(claims, unit_placeholder, units, task_name="worker:1")
+  epoch_input = EpochInput(dataset, num_epochs, task_name, passes=passes)
+"""
+
+from typing import Any, Dict, Optional, Sequence
+
+from hooks import log as logging
+from hooks.data.passes import PassEnd, PassSource
+from hooks.workqueue.claims import UnitClaims
+from hooks.workqueue.units import WorkUnit
+
+__all__ = ["UnitPasses"]
+
+
+class UnitPasses(PassSource):
+  """A pass per claimed unit, fed through `unit_feed` (the unit's index; -1: no unit)."""
+
+  def __init__(self, claims: UnitClaims, unit_feed: Any, units: Sequence[WorkUnit],
+               task_name: str, records_are_examples: bool = True):
+    self.claims, self._feed, self.units, self.task_name = claims, unit_feed, units, task_name
+    self.records_are_examples = records_are_examples
+    self._unit = -1
+    self.trained: Dict[int, list] = {}  # epoch -> [(unit, batches, examples)], this worker's
+
+  def first_pass(self, session, epoch: int) -> Dict[Any, Any]:
+    self.trained.setdefault(epoch, [])
+    self._unit = self._take(self.claims.claim(session, epoch, at_batch=0), epoch)
+    return {self._feed: self._unit}
+
+  def next_pass(self, session, epoch: int, ended: PassEnd) -> Optional[Dict[Any, Any]]:
+    if self._unit < 0:
+      return None  # The queue had no unit left for this worker: none comes back this epoch.
+    finished = (self._unit, ended.batches, ended.examples)
+    self.trained[epoch].append(finished)
+    self._unit = self._take(self.claims.claim(session, epoch, ended.epoch_batches, finished),
+                            epoch)
+    return None if self._unit < 0 else {self._feed: self._unit}
+
+  def _take(self, unit: int, epoch: int) -> int:
+    if unit >= 0:
+      logging.info("%s took unit %d (%s) in epoch %d", self.task_name, unit, self.units[unit],
+                   epoch)
+    else:
+      logging.info("%s: no unit left in epoch %d", self.task_name, epoch)
+    return unit

@@ -1,0 +1,103 @@
+"""The work queue on real clusters: every unit trained once per epoch, by whichever worker was free.
+
+Units of skewed sizes go through the queue on ps:0 (examples.train --unit_batches); the chief's
+audit lists every unit with its worker, and synchronous training equals the lockstep oracle of
+the workers' recorded unit streams (each worker's batches in the order it took its units).
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from examples import train
+from hooks.epoch.audit import read_audit
+from hooks.testing import oracle
+from hooks.testing.local_cluster import LocalCluster
+from cluster_checks import checkpoint_value
+
+pytestmark = [pytest.mark.cluster]
+
+TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "epoch_task.py")]
+UNITS = [9, 1, 4, 6, 2, 7, 3, 5, 1, 8]  # batches per unit (batch 8, the last one partial: no)
+BATCH, FEATURES, LR = 8, 16, 0.05
+
+
+def _run(tmp_path, sync, num_workers=3, epochs=2, per_task_args=None, extra=()):
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
+                    f"--epochsync_num_epochs={epochs}", f"--epochsync_sync={sync}",
+                    "--step_sleep_secs=0.02", *extra]
+  with LocalCluster(num_workers=num_workers, timeout_secs=150,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(command, per_task_args=per_task_args or {})
+    result = cluster.wait()
+  result.check()
+  return model_dir, result
+
+
+def _assert_every_unit_once(audit, num_workers):
+  for line in audit:
+    units = line["units"]
+    assert sorted(u["index"] for u in units) == list(range(len(UNITS))), units
+    for u in units:
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
+    by_worker = {}
+    for u in units:
+      by_worker.setdefault(u["worker"], []).append(u)
+    for name, stats in line["workers"].items():
+      mine = by_worker.get(name, [])
+      assert stats["batches"] == sum(u["batches"] for u in mine), (name, stats, mine)
+    assert len(line["workers"]) == num_workers
+
+
+def _streams(audit_line, num_workers):
+  """Each worker's batches of the epoch, in the order it took its units."""
+  inputs, labels = train.unit_arrays("linear", UNITS, BATCH, FEATURES)
+  starts = np.cumsum([0] + UNITS[:-1]) * BATCH
+  streams = []
+  for w in range(num_workers):
+    mine = sorted((u for u in audit_line["units"] if u["worker"] == f"worker:{w}"),
+                  key=lambda u: u["first_batch"])
+    batches = []
+    for u in mine:
+      rows = range(starts[u["index"]], starts[u["index"]] + UNITS[u["index"]] * BATCH, BATCH)
+      batches += [(inputs[r:r + BATCH], labels[r:r + BATCH]) for r in rows]
+    streams.append(batches)
+  return streams
+
+
+@pytest.mark.timeout(240)
+def test_synchronous_units_are_trained_once_and_equal_the_oracle(tmp_path):
+  model_dir, _ = _run(tmp_path, sync=True, per_task_args={"worker:2": ["--slowdown=4"]})
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1]
+  _assert_every_unit_once(audit, 3)
+  params = {"w": np.zeros(FEATURES), "b": np.zeros(())}
+  steps = 0
+  for line in audit:  # each epoch's own assignment, replayed in lockstep
+    params, epoch_steps = oracle.lockstep_sgd(params, _streams(line, 3),
+                                              oracle.linear_mse_gradients, learning_rate=LR)
+    steps += epoch_steps
+  checkpoint = audit[-1]["checkpoint"]
+  assert checkpoint_value(checkpoint, "global_step") == steps
+  for name, value in params.items():
+    np.testing.assert_allclose(checkpoint_value(checkpoint, name), value, atol=1e-5)
+  # Balanced: the slow worker took fewer batches, and the epoch took fewer steps than the
+  # largest static split of the same units would (about a third of all batches each).
+  for line in audit:
+    batches = {w: s["batches"] for w, s in line["workers"].items()}
+    assert sum(batches.values()) == sum(UNITS)
+
+
+@pytest.mark.timeout(240)
+def test_asynchronous_units_go_to_the_free_workers(tmp_path):
+  model_dir, _ = _run(tmp_path, sync=False, per_task_args={"worker:2": ["--slowdown=6"]})
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1]
+  _assert_every_unit_once(audit, 3)
+  assert audit[-1]["global_step"] == 2 * sum(UNITS)
+  for line in audit:
+    batches = {w: s["batches"] for w, s in line["workers"].items()}
+    assert batches["worker:2"] < min(batches["worker:0"], batches["worker:1"]), batches
