@@ -125,7 +125,8 @@ def run_job(mode: str, model_dir: str) -> dict:
   run = dict(attempts[-1], relaunches=len(attempts) - 1,
              secs=round(sum(a["secs"] for a in attempts), 1),
              retried_runs=sum(a["retried_runs"] for a in attempts),
-             failed_attempts=[a["failures"] for a in attempts[:-1]])
+             failed_attempts=[a["failures"] for a in attempts[:-1]],
+             earlier_attempts=attempts[:-1])  # their RSS and step times too
   per_worker = _per_worker(mode)
   run["audit_problems"] = _audit_problems(model_dir, per_worker) if run["ok"] else None
   run["ok"] = run["ok"] and not run["audit_problems"]

@@ -193,3 +193,30 @@ def test_an_asynchronous_step_that_never_returns_ends_its_process_and_the_job(tm
     assert task.ended_at - stuck.ended_at < DETECT_SECS, (name, task.ended_at - stuck.ended_at)
     assert "worker:2 died while" in task.log, task.tail(30)
     assert "BarrierTimeoutError" not in task.log
+
+
+@pytest.mark.timeout(150)
+def test_a_synchronous_step_tensorflow_lost_ends_its_process_within_the_lost_bound(tmp_path):
+  """worker:2's 5th step hangs and its marker says its part on worker:2 never started (what a
+  run rejected there as a duplicate, with its cancellation lost, looks like): its watchdog
+  ends it after LOST_AFTER_SECS instead of the 600 s step timeout, and the others name it."""
+  from hooks.faults.stuck_step import LOST_AFTER_SECS  # pylint: disable=g-import-not-at-top
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=8,5,3",
+                    "--epochsync_num_epochs=3", "--step_sleep_secs=0.1"]
+  with LocalCluster(num_workers=3, timeout_secs=120, fail_fast_secs=DETECT_SECS + 15,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(command, per_task_args={"worker:2": ["--hang_worker=2", "--hang_step=5",
+                                                       "--hang_lost"]})
+    result = cluster.wait()
+  lost = result.tasks["worker:2"]
+  assert lost.returncode == 1 and not lost.timed_out, lost.tail(30)
+  assert re.search(r"\nE\d{4} [^\n]*worker:2: step 5 of this task has been in TensorFlow's "
+                   r"session.run for \d+ s and its part on this task never started", lost.log), (
+                       lost.tail())
+  assert lost.elapsed_secs < LOST_AFTER_SECS + 40
+  for name in ("worker:0", "worker:1"):
+    task = result.tasks[name]
+    assert task.returncode not in (0, None) and not task.timed_out, task.tail(30)
+    assert task.ended_at - lost.ended_at < DETECT_SECS, (name, task.ended_at - lost.ended_at)
+    assert "worker:2 died while" in task.log, task.tail(30)

@@ -1,9 +1,11 @@
-"""StuckStepWatchdog: a step that never comes back from session.run ends the process."""
+"""StuckStepWatchdog: a step TensorFlow lost, or an asynchronous step past its timeout, ends the
+process; a slow step whose part on this task started does not."""
 
 import threading
 import time
 
 import pytest
+import tensorflow as tf
 
 from hooks.config.cluster import ClusterConfig
 from hooks.config.settings import EpochSyncSettings
@@ -14,14 +16,16 @@ from hooks.session import wiring
 
 def _watchdog(exits, timeout=0.6, warn_after=0.2):
   return StuckStepWatchdog("worker:1", StepWatch(timeout, warn_after, 0.1),
-                           exit_fn=exits.append)
+                           lost_after_secs=1000, exit_fn=exits.append)
 
 
 def test_a_step_past_its_timeout_warns_then_ends_the_process(caplog):
   exits = []
   watchdog = _watchdog(exits)
   watchdog.start()
-  with watchdog.step(7):
+  for _ in range(7):
+    watchdog.before_step()
+  with watchdog.step():
     deadline = time.monotonic() + 5
     while not exits and time.monotonic() < deadline:
       time.sleep(0.02)
@@ -38,8 +42,9 @@ def test_quick_steps_and_the_time_between_steps_never_end_it():
   exits = []
   watchdog = _watchdog(exits, timeout=0.3, warn_after=0.2)
   watchdog.start()
-  for number in range(20):
-    with watchdog.step(number):
+  for _ in range(20):
+    watchdog.before_step()
+    with watchdog.step():
       time.sleep(0.02)
     time.sleep(0.05)  # 1 s between steps in all: only time inside a step counts
   time.sleep(0.5)
@@ -52,7 +57,7 @@ def test_a_step_that_raises_is_no_longer_watched():
   watchdog = _watchdog(exits, timeout=0.3)
   watchdog.start()
   with pytest.raises(RuntimeError):
-    with watchdog.step(1):
+    with watchdog.step():
       raise RuntimeError("the step failed")
   time.sleep(0.6)
   watchdog.stop()
@@ -73,14 +78,62 @@ def test_start_is_idempotent_and_stop_ends_the_thread():
   assert not any(t.name == "epochsync-stuck-step-worker:1" for t in threading.enumerate())
 
 
-@pytest.mark.parametrize("sync,has_sync_hook,expected", [(False, False, True), (True, False, False),
-                                                          (False, True, False)])
-def test_only_an_asynchronous_job_gets_one(sync, has_sync_hook, expected):
+def _marked(lost_after=0.3):
+  """A watchdog with its step marker in a local session."""
+  exits = []
+  watchdog = StuckStepWatchdog("worker:1", lost_after_secs=lost_after, exit_fn=exits.append)
+  graph = tf.Graph()
+  with graph.as_default():
+    watchdog.build("/cpu:0")
+    init = tf.compat.v1.local_variables_initializer()
+  session = tf.compat.v1.Session(graph=graph)
+  session.run(init)
+  watchdog.bind(session)
+  return watchdog, session, exits
+
+
+def _wait_for(exits, secs):
+  deadline = time.monotonic() + secs
+  while not exits and time.monotonic() < deadline:
+    time.sleep(0.02)
+
+
+def test_a_step_whose_part_here_never_started_is_lost_and_ends_the_process(caplog):
+  watchdog, session, exits = _marked()
+  watchdog.start()
+  session.run(**_args(watchdog.before_step()))  # step 1 started here
+  with watchdog.step():
+    time.sleep(0.05)
+  watchdog.before_step()  # step 2: its run never reaches this task (the marker stays at 1)
+  with watchdog.step():
+    _wait_for(exits, 5)
+  watchdog.stop()
+  assert exits == [1]
+  assert ("worker:1: step 2 of this task has been in TensorFlow's session.run for 0 s and its "
+          "part on this task never started") in caplog.text
+
+
+def test_a_slow_step_that_started_here_is_left_alone():
+  watchdog, session, exits = _marked()
+  watchdog.start()
+  session.run(**_args(watchdog.before_step()))
+  with watchdog.step():
+    time.sleep(1.2)  # four times lost_after_secs: probed once, found started
+  watchdog.stop()
+  assert exits == []
+
+
+def _args(run_args):
+  return {"fetches": run_args.fetches, "feed_dict": run_args.feed_dict}
+
+
+@pytest.mark.parametrize("sync,has_sync_hook,timeout", [(False, False, True), (True, False, False),
+                                                         (False, True, False)])
+def test_every_job_gets_one_and_an_asynchronous_one_has_the_timeout(sync, has_sync_hook, timeout):
   config = ClusterConfig.from_tf_config(
       '{"cluster": {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]},'
       ' "task": {"type": "worker", "index": 1}}')
   settings = EpochSyncSettings(sync=sync, step_timeout_secs=50.0)
   watchdog = wiring._stuck_step_watchdog(config, settings, object() if has_sync_hook else None)  # pylint: disable=protected-access
-  assert (watchdog is not None) == expected
-  if watchdog is not None:
-    assert watchdog.task_name == "worker:1"
+  assert watchdog.task_name == "worker:1"
+  assert (watchdog._watch is not None) == timeout  # pylint: disable=protected-access

@@ -66,8 +66,8 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
     needed: the tasks TensorFlow's session creation waits for (default: the ps tasks among
       `watched`; epoch_sync_hooks adds the chief on a worker). A session reached them, so once
       one existed, such a task that is down has died even if no probe here saw it up.
-    stuck_step: a `StuckStepWatchdog` that watches every step's run (an asynchronous job's:
-      a step that waits for no other task and never ends ends the process).
+    stuck_step: a `StuckStepWatchdog` that watches every step's run: a step TensorFlow lost
+      (and, in an asynchronous job, one past the step timeout) ends the process.
   """
 
   def __init__(self, liveness: LivenessMonitor, task_name: str, watched: Sequence[str],
@@ -92,6 +92,9 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
     self._sessions, self._coord = 0, None
     self._global_step = tf.compat.v1.train.get_global_step()
     self._lost.clear()
+    if self._stuck_step is not None:
+      job, index = self._task.split(":")
+      self._stuck_step.build(f"/job:{job}/task:{index}")
     if not where(sys._getframe())[1]:  # pylint: disable=protected-access
       return  # not called by a MonitoredSession: there is no recovery to guard
     self._stop = threading.Event()
@@ -105,6 +108,7 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
     self._coord = coord
     retry_duplicate_steps(session, self._task, self._stuck_step)
     if self._stuck_step is not None:
+      self._stuck_step.bind(session)
       self._stuck_step.start()
     if self._sessions > 1:
       self._stop_watcher()  # this thread raises now: nothing is left to end
@@ -118,8 +122,9 @@ class RecoveryGuardHook(tf.compat.v1.train.SessionRunHook):
           "resume on one task alone: restart the whole job (every task) from the same "
           "model_dir; it resumes from its newest checkpoint")
 
-  def before_run(self, run_context) -> None:
+  def before_run(self, run_context):
     self._lost.count_step()
+    return self._stuck_step.before_step() if self._stuck_step is not None else None
 
   def _read_global_step(self, session) -> Optional[int]:
     """The global step read through the re-created session, or None if it cannot be read."""

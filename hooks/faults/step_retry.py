@@ -109,7 +109,7 @@ def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepW
       return run_retrying(lambda: run(*args, **kwargs), "a run of a hook", task_name,
                           lambda e: run_retryable(e, task_name))
     steps[0] += 1
-    with watchdog.step(steps[0]) if watchdog else contextlib.nullcontext():
+    with watchdog.step() if watchdog else contextlib.nullcontext():
       return run_retrying(lambda: run(*args, **kwargs), f"step {steps[0]} of this task",
                           task_name, lambda e: step_retryable(e, task_name, gated))
 

@@ -146,10 +146,11 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
 
 def _stuck_step_watchdog(config: ClusterConfig, settings: EpochSyncSettings,
                          sync_hook: Any) -> Optional[StuckStepWatchdog]:
-  """An asynchronous job's steps wait for no other task: one that never ends ends the process.
-  (A synchronous step waits for the others; SafeSyncTokensHook's watchdog bounds it.)"""
+  """Every step TensorFlow lost ends the process; so does an asynchronous step past the step
+  timeout: it waits for no other task. (A synchronous step waits for the others;
+  SafeSyncTokensHook's watchdog bounds that wait.)"""
   if settings.sync or sync_hook is not None:
-    return None
+    return StuckStepWatchdog(config.task_name)
   timeout = settings.step_timeout_secs
   return StuckStepWatchdog(config.task_name, StepWatch(
       timeout, min(settings.warn_after_secs, timeout / 2), settings.log_every_secs))

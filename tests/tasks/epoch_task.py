@@ -12,6 +12,8 @@
   --hang_worker=2 --hang_step=5     worker id 2's 5th step never comes back from session.run (it
                                     also fetches a dequeue from an empty queue: a run TensorFlow
                                     lost, as after a duplicate RunGraph whose cancellation was lost)
+  --hang_lost                       ... and its step marker is reset after the step set it: the
+                                    watchdog sees a step whose part on this task never started
 """
 
 import faulthandler
@@ -38,6 +40,8 @@ _SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0,
 _MID_SAVE_SLEEP = flags.DEFINE_float(
     "mid_epoch_save_sleep_secs", 0.0, "Each mid-epoch checkpoint of the chief takes this long more.")
 _HANG_WORKER = flags.DEFINE_integer("hang_worker", -1, "Worker id whose step never returns.")
+_HANG_LOST = flags.DEFINE_bool("hang_lost", False, "The hanging step looks lost: its part on "
+                                "this task seems never to have started.")
 _HANG_STEP = flags.DEFINE_integer("hang_step", 5, "Which step of --hang_worker hangs (from 1).")
 _RESTORE_SLEEP = flags.DEFINE_float("restore_sleep_secs", 0.0,
                                     "Each checkpoint restore takes this much longer.")
@@ -97,6 +101,12 @@ class _HangStep(tf.compat.v1.train.SessionRunHook):
     self._steps = 0
     with tf.name_scope("test_hang"):
       self._never = tf.queue.FIFOQueue(1, tf.int32).dequeue()
+      if _HANG_LOST.value:  # after the RecoveryGuardHook's marker set it: as if never set
+        graph = tf.compat.v1.get_default_graph()
+        marker = graph.get_tensor_by_name("epochsync_step_marker/started:0")
+        with tf.control_dependencies([graph.get_operation_by_name("epochsync_step_marker/Assign")]):
+          reset = tf.compat.v1.assign(marker.op.outputs[0], -1)
+        self._never = [self._never, reset]
 
   def before_run(self, run_context):
     self._steps += 1
