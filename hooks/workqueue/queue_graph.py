@@ -25,6 +25,7 @@ Typical usage (hooks.workqueue.claims runs it):
 """
 
 import dataclasses
+import functools
 from typing import Dict
 
 import tensorflow as tf
@@ -82,54 +83,60 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
         "epoch", "worker", "seq", "at_batch", "finished", "finished_batches",
         "finished_examples")}
     lock = tf.CriticalSection(name="lock", shared_name="epochsync_workqueue_lock")
-
-    def order_of(epoch):
-      if not shuffle:
-        return tf.range(u, dtype=tf.int64)
-      keys = tf.random.stateless_uniform([u], tf.stack([tf.constant(seed, tf.int64), epoch]),
-                                         dtype=tf.float64)
-      return tf.cast(tf.argsort(keys, stable=True), tf.int64)
-
-    def fills(value, n):
-      return tf.fill([n], tf.constant(value, tf.int64))
-
-    def claim():
-      old = state.read_value()
-      epoch = feeds["epoch"]
-      fresh = old[0] < epoch  # the epoch's first claim starts its queue
-      started = tf.concat([tf.stack([epoch, tf.constant(0, tf.int64)]), order_of(epoch),
-                           fills(-1, u), fills(0, u), fills(-1, u), fills(-1, u), fills(0, w),
-                           fills(-1, w)], 0)
-      now = tf.where(fresh, started, old)
-      parts = dict(zip(_FIELDS, tf.split(now[2:2 + 5 * u], 5)))
-      claims, last = now[2 + 5 * u:2 + 5 * u + w], now[2 + 5 * u + w:]
-      worker, position = feeds["worker"], now[1]
-      stale = now[0] > epoch
-      new = tf.logical_and(tf.equal(claims[worker], feeds["seq"]), tf.logical_not(stale))
-
-      def put(vector, index, value, when):
-        index = tf.maximum(index, 0)
-        return tf.where(when, tf.tensor_scatter_nd_update(
-            vector, tf.reshape(index, [1, 1]), tf.reshape(value, [1])), vector)
-
-      finished = tf.logical_and(new, feeds["finished"] >= 0)
-      has_unit = position < u
-      unit = tf.where(has_unit, tf.gather(parts["order"], tf.minimum(position, u - 1)),
-                      tf.constant(-1, tf.int64))
-      take = tf.logical_and(new, has_unit)
-      written = tf.concat([
-          tf.stack([now[0], tf.where(take, position + 1, position)]), parts["order"],
-          put(parts["owner"], unit, worker, take),
-          put(parts["first_batch"], unit, feeds["at_batch"], take),
-          put(parts["batches"], feeds["finished"], feeds["finished_batches"], finished),
-          put(parts["examples"], feeds["finished"], feeds["finished_examples"], finished),
-          put(claims, worker, feeds["seq"] + 1, new), put(last, worker, unit, new)], 0)
-      answer = tf.where(stale, tf.constant(STALE, tf.int64), tf.where(new, unit, last[worker]))
-      with tf.control_dependencies([state.assign(written)]):
-        return tf.identity(answer)
-
-    result = _execute_unrecorded(lock, claim)
+    order_of = functools.partial(_order, u, seed, shuffle)
+    result = _execute_unrecorded(lock, lambda: _claim(state, feeds, u, w, order_of))
     now = state.read_value()
     parts = dict(zip(_FIELDS, tf.split(now[2:2 + 5 * u], 5)))
     read = {"epoch": now[0], "next": now[1], **parts}
   return QueueOps(claim=result, state=read, **feeds)
+
+
+def _order(u: int, seed: int, shuffle: bool, epoch: tf.Tensor) -> tf.Tensor:
+  """The epoch's order of the units: a permutation drawn from (seed, epoch), or 0..u-1."""
+  if not shuffle:
+    return tf.range(u, dtype=tf.int64)
+  keys = tf.random.stateless_uniform([u], tf.stack([tf.constant(seed, tf.int64), epoch]),
+                                     dtype=tf.float64)
+  return tf.cast(tf.argsort(keys, stable=True), tf.int64)
+
+
+def _fills(value: int, n: int) -> tf.Tensor:
+  return tf.fill([n], tf.constant(value, tf.int64))
+
+
+def _put(vector, index, value, when):
+  """`vector` with [index] = value where `when` (index clipped at 0 otherwise)."""
+  index = tf.maximum(index, 0)
+  return tf.where(when, tf.tensor_scatter_nd_update(
+      vector, tf.reshape(index, [1, 1]), tf.reshape(value, [1])), vector)
+
+
+def _claim(state, feeds, u: int, w: int, order_of) -> tf.Tensor:
+  """The claim's graph (inside the lock): the new state from the old, one assign, the answer."""
+  old = state.read_value()
+  epoch = feeds["epoch"]
+  fresh = old[0] < epoch  # the epoch's first claim starts its queue
+  started = tf.concat([tf.stack([epoch, tf.constant(0, tf.int64)]), order_of(epoch),
+                       _fills(-1, u), _fills(0, u), _fills(-1, u), _fills(-1, u), _fills(0, w),
+                       _fills(-1, w)], 0)
+  now = tf.where(fresh, started, old)
+  parts = dict(zip(_FIELDS, tf.split(now[2:2 + 5 * u], 5)))
+  claims, last = now[2 + 5 * u:2 + 5 * u + w], now[2 + 5 * u + w:]
+  worker, position = feeds["worker"], now[1]
+  stale = now[0] > epoch
+  new = tf.logical_and(tf.equal(claims[worker], feeds["seq"]), tf.logical_not(stale))
+  finished = tf.logical_and(new, feeds["finished"] >= 0)
+  has_unit = position < u
+  unit = tf.where(has_unit, tf.gather(parts["order"], tf.minimum(position, u - 1)),
+                  tf.constant(-1, tf.int64))
+  take = tf.logical_and(new, has_unit)
+  written = tf.concat([
+      tf.stack([now[0], tf.where(take, position + 1, position)]), parts["order"],
+      _put(parts["owner"], unit, worker, take),
+      _put(parts["first_batch"], unit, feeds["at_batch"], take),
+      _put(parts["batches"], feeds["finished"], feeds["finished_batches"], finished),
+      _put(parts["examples"], feeds["finished"], feeds["finished_examples"], finished),
+      _put(claims, worker, feeds["seq"] + 1, new), _put(last, worker, unit, new)], 0)
+  answer = tf.where(stale, tf.constant(STALE, tf.int64), tf.where(new, unit, last[worker]))
+  with tf.control_dependencies([state.assign(written)]):
+    return tf.identity(answer)
