@@ -20,7 +20,7 @@ from estimator_ext.eval_log import read_eval_log
 from estimator_ext.evaluator import EvaluatorTimeoutError
 from estimator_ext.optimizer import EpochSyncOptimizer, sync_optimizer
 from estimator_ext.run_config import EpochSyncRunConfig
-from estimator_ext.training import EpochResults, shard, train_and_evaluate
+from estimator_ext.training import EpochResults, shard, train_and_evaluate, work_units
 
 __all__ = [
     "EarlyStopping",
@@ -30,6 +30,7 @@ __all__ = [
     "EvaluatorTimeoutError",
     "read_eval_log",
     "shard",
+    "work_units",
     "sync_optimizer",
     "train_and_evaluate",
 ]

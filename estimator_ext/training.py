@@ -21,7 +21,7 @@ Typical usage:
 import os
 import re
 import tempfile
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import tensorflow as tf
 
@@ -33,8 +33,10 @@ from estimator_ext import training_graph
 from estimator_ext.run_config import EpochSyncRunConfig
 from hooks import log as logging
 from hooks.errors import ConfigError, raise_if_problems
+from hooks.workqueue.input import WorkQueueSpec
+from hooks.workqueue.units import UnitTensors, WorkUnit
 
-__all__ = ["train_and_evaluate", "EpochResults", "shard"]
+__all__ = ["train_and_evaluate", "EpochResults", "shard", "work_units"]
 
 _v1 = tf.compat.v1
 
@@ -74,6 +76,30 @@ def shard(dataset: tf.data.Dataset, config: EpochSyncRunConfig) -> tf.data.Datas
     raise ConfigError(f"shard: {getattr(config, 'task_name', 'this task')} is not a training task "
                       "with an EpochSyncRunConfig; call it from train_spec.input_fn(config)")
   return dataset.shard(config.num_workers, config.worker_id)
+
+
+def work_units(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors], tf.data.Dataset],
+               config: EpochSyncRunConfig, seed: int = 0, shuffle: bool = True,
+               records_are_examples: bool = True) -> WorkQueueSpec:
+  """The epoch as `units` handed to whichever worker is free, exactly once (docs/workqueue.md).
+
+      def train_input_fn(config):
+        units = [hooks.workqueue.WorkUnit(p) for p in sorted(glob.glob("/data/part-*"))]
+        return estimator_ext.work_units(units, lambda u: tf.data.TFRecordDataset(u.path)
+                                        .map(parse).batch(64), config)
+
+  Every training task returns the same units; `unit_fn` gets one unit's fields as tensors and
+  returns its batches (one pass). Raises ConfigError on a task that trains nothing (ps,
+  evaluator) and on bad units, naming each problem.
+  """
+  if getattr(config, "worker_id", None) is None:
+    raise ConfigError(f"work_units: {getattr(config, 'task_name', 'this task')} is not a "
+                      "training task with an EpochSyncRunConfig; call it from "
+                      "train_spec.input_fn(config)")
+  spec = WorkQueueSpec(list(units), unit_fn, seed=seed, shuffle=shuffle,
+                       records_are_examples=records_are_examples)
+  raise_if_problems(spec.problems(), f"work units of {config.task_name}")
+  return spec
 
 
 def _is_estimator_temp_dir(path: str) -> bool:

@@ -23,6 +23,8 @@ from estimator_ext.run_config import EpochSyncRunConfig
 from hooks import log as logging
 from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError, raise_if_problems
+from hooks.workqueue.input import PS_DEVICE, WorkQueueSpec
+from hooks.workqueue.units import UnitTensors
 
 __all__ = ["build_graph", "check_dataset"]
 
@@ -34,6 +36,12 @@ def check_dataset(estimator, train_spec, task: str) -> None:
   """Calls train_spec.input_fn once in a scratch graph: it must return one finite pass."""
   with tf.Graph().as_default():
     result = estimator._call_input_fn(train_spec.input_fn, _TRAIN)
+    if isinstance(result, WorkQueueSpec):  # its first unit must be one finite pass
+      raise_if_problems(result.problems(), f"work units of {task}")
+      result = result.unit_fn(UnitTensors(tf.constant(0, tf.int64),
+                                          tf.constant(result.units[0].path),
+                                          tf.constant(result.units[0].start, tf.int64),
+                                          tf.constant(result.units[0].count, tf.int64)))
     if not isinstance(result, tf.data.Dataset):
       raise ConfigError(
           f"train_spec.input_fn returned a {type(result).__name__} on {task}: it must return a "
@@ -68,7 +76,11 @@ def build_graph(estimator, train_spec, config: EpochSyncRunConfig, graph: tf.Gra
   estimator._create_and_assert_global_step(graph)
   training_util._get_or_create_global_step_read(graph)
   dataset = estimator._call_input_fn(train_spec.input_fn, _TRAIN)
-  epoch_input = EpochInput(dataset, settings.num_epochs, task)
+  if isinstance(dataset, WorkQueueSpec):  # estimator_ext.work_units: units from a queue
+    epoch_input = dataset.epoch_input(settings.num_epochs, config.num_workers, config.worker_id,
+                                      task, ps_device="" if config.is_local else PS_DEVICE)
+  else:
+    epoch_input = EpochInput(dataset, settings.num_epochs, task)
   features, labels = estimator_util.parse_iterator_result(epoch_input.get_next())
   optimizer_lib.mark_training_graph(
       graph, sync=sync, num_workers=config.num_workers, worker_id=config.worker_id,

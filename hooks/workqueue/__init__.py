@@ -7,8 +7,8 @@ Typical usage:
                                  worker_id=config.worker_id, task_name=config.task_name)
 """
 
-from hooks.workqueue.input import work_queue_input
+from hooks.workqueue.input import WorkQueueSpec, work_queue_input
 from hooks.workqueue.units import UnitTensors, WorkUnit, fingerprint, unit_problems, units_of_files
 
-__all__ = ["WorkUnit", "UnitTensors", "work_queue_input", "units_of_files", "unit_problems",
+__all__ = ["WorkUnit", "UnitTensors", "work_queue_input", "WorkQueueSpec", "units_of_files", "unit_problems",
            "fingerprint"]

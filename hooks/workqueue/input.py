@@ -14,7 +14,8 @@ Typical usage (build it inside the worker's graph, as EpochInput):
   hooks = epoch_sync_hooks(config, epoch_input, settings, model_dir=model_dir)
 """
 
-from typing import Callable, Sequence
+import dataclasses
+from typing import Callable, List, Sequence
 
 import tensorflow as tf
 
@@ -25,10 +26,46 @@ from hooks.workqueue.claims import UnitClaims
 from hooks.workqueue.unit_passes import UnitPasses
 from hooks.workqueue.units import UnitTensors, WorkUnit, unit_problems
 
-__all__ = ["work_queue_input"]
+__all__ = ["work_queue_input", "WorkQueueSpec", "PS_DEVICE"]
 
 _v1 = tf.compat.v1
 PS_DEVICE = "/job:ps/task:0"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkQueueSpec:
+  """A work queue's description, before a task builds it (an Estimator's input_fn returns one:
+  estimator_ext.work_units). Fields as work_queue_input's arguments."""
+  units: Sequence[WorkUnit]
+  unit_fn: Callable[[UnitTensors], tf.data.Dataset]
+  seed: int = 0
+  shuffle: bool = True
+  claim_timeout_secs: float = 600.0
+  records_are_examples: bool = True
+
+  def problems(self) -> List[str]:
+    """What is wrong with the units or unit_fn, naming each; [] when nothing is."""
+    problems = unit_problems(self.units)
+    if not callable(self.unit_fn):
+      problems.append(f"unit_fn={self.unit_fn!r} must be a function UnitTensors -> "
+                      "tf.data.Dataset")
+    return problems
+
+  def epoch_input(self, num_epochs: int, num_workers: int, worker_id: int, task_name: str,
+                  ps_device: str = PS_DEVICE) -> EpochInput:
+    """The EpochInput of worker `worker_id` over this queue (on `ps_device`; "" in one process)."""
+    raise_if_problems(self.problems(), f"work units of {task_name}")
+    if not 0 <= worker_id < num_workers:
+      raise ConfigError(f"worker_id={worker_id} must be in [0, num_workers={num_workers})")
+    units = list(self.units)
+    with tf.name_scope("epochsync_units"):
+      unit = _v1.placeholder_with_default(tf.constant(-1, tf.int64), [], "unit")
+      dataset = tf.data.Dataset.from_tensors(unit).filter(_is_unit).flat_map(
+          _batches_of(units, self.unit_fn))
+    ops = queue_graph.build(len(units), num_workers, self.seed, self.shuffle, ps_device)
+    claims = UnitClaims(ops, worker_id, task_name, self.claim_timeout_secs)
+    passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples)
+    return EpochInput(dataset, num_epochs, task_name, passes=passes)
 
 
 def work_queue_input(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors], tf.data.Dataset],
@@ -56,30 +93,25 @@ def work_queue_input(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors],
   Raises:
     ConfigError: bad units or arguments, naming each problem.
   """
-  raise_if_problems(unit_problems(units), f"work units of {task_name}")
-  if not callable(unit_fn):
-    raise ConfigError(f"unit_fn={unit_fn!r} must be a function UnitTensors -> tf.data.Dataset")
-  if not 0 <= worker_id < num_workers:
-    raise ConfigError(f"worker_id={worker_id} must be in [0, num_workers={num_workers})")
-  with tf.name_scope("epochsync_units"):
-    unit = _v1.placeholder_with_default(tf.constant(-1, tf.int64), [], "unit")
-    paths = tf.constant([u.path for u in units], tf.string)
-    starts = tf.constant([u.start for u in units], tf.int64)
-    counts = tf.constant([u.count for u in units], tf.int64)
+  spec = WorkQueueSpec(units, unit_fn, seed, shuffle, claim_timeout_secs, records_are_examples)
+  return spec.epoch_input(num_epochs, num_workers, worker_id, task_name, ps_device)
 
-    @tf.autograph.experimental.do_not_convert
-    def batches_of(index):
-      dataset = unit_fn(UnitTensors(index, paths[index], starts[index], counts[index]))
-      if not isinstance(dataset, tf.data.Dataset):
-        raise ConfigError(f"unit_fn returned {type(dataset).__name__}; it must return the "
-                          "tf.data.Dataset of one unit's batches")
-      return dataset
 
-    dataset = tf.data.Dataset.from_tensors(unit).filter(_is_unit).flat_map(batches_of)
-  ops = queue_graph.build(len(units), num_workers, seed, shuffle, ps_device)
-  claims = UnitClaims(ops, worker_id, task_name, claim_timeout_secs)
-  passes = UnitPasses(claims, unit, units, task_name, records_are_examples)
-  return EpochInput(dataset, num_epochs, task_name, passes=passes)
+def _batches_of(units: Sequence[WorkUnit], unit_fn):
+  """flat_map's function: a unit's index -> unit_fn's dataset of its batches."""
+  paths = tf.constant([u.path for u in units], tf.string)
+  starts = tf.constant([u.start for u in units], tf.int64)
+  counts = tf.constant([u.count for u in units], tf.int64)
+
+  @tf.autograph.experimental.do_not_convert
+  def batches_of(index):
+    dataset = unit_fn(UnitTensors(index, paths[index], starts[index], counts[index]))
+    if not isinstance(dataset, tf.data.Dataset):
+      raise ConfigError(f"unit_fn returned {type(dataset).__name__}; it must return the "
+                        "tf.data.Dataset of one unit's batches")
+    return dataset
+
+  return batches_of
 
 
 @tf.autograph.experimental.do_not_convert

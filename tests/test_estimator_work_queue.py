@@ -1,0 +1,60 @@
+"""estimator_ext.work_units on a real cluster: the documented Estimator job trains its units
+through the work queue, every unit once per epoch, equal to the lockstep oracle of the workers'
+recorded unit streams."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from hooks.epoch.audit import read_audit
+from hooks.testing import oracle
+from hooks.testing.local_cluster import LocalCluster
+from cluster_checks import checkpoint_value
+
+pytestmark = [pytest.mark.cluster]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = [sys.executable, "-m", "examples.estimator_train"]
+UNITS = [5, 1, 3, 6, 2, 4, 1]
+
+
+def _streams(line, names):
+  from examples import estimator_data  # pylint: disable=g-import-not-at-top; no flags here
+  batch = estimator_data.BATCH_SIZE
+  x, y = estimator_data.shard_arrays(999, sum(UNITS))  # examples.estimator_train.unit_arrays
+  starts = np.cumsum([0] + UNITS[:-1]) * batch
+  streams = []
+  for name in names:
+    mine = sorted((u for u in line["units"] if u["worker"] == name), key=lambda u: u["first_batch"])
+    rows = [r for u in mine for r in range(starts[u["index"]],
+                                           starts[u["index"]] + UNITS[u["index"]] * batch, batch)]
+    streams.append([(x[r:r + batch], y[r:r + batch]) for r in rows])
+  return streams
+
+
+@pytest.mark.timeout(240)
+def test_estimator_work_units_are_trained_once_and_equal_the_oracle(tmp_path):
+  from examples import estimator_data  # pylint: disable=g-import-not-at-top
+  model_dir, epochs = str(tmp_path / "model"), 2
+  with LocalCluster(num_workers=3, num_ps=1, has_chief=True, timeout_secs=180,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(EXAMPLE + [f"--model_dir={model_dir}", f"--num_epochs={epochs}",
+                             "--unit_batches=" + ",".join(map(str, UNITS))])
+    result = cluster.wait()
+  result.check()
+  names = cluster.training_task_names
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == list(range(epochs))
+  params = {"w": np.zeros(estimator_data.FEATURES), "b": np.zeros(())}
+  steps = 0
+  for line in audit:
+    assert sorted(u["index"] for u in line["units"]) == list(range(len(UNITS)))
+    assert all(u["batches"] == UNITS[u["index"]] for u in line["units"]), line["units"]
+    params, epoch_steps = oracle.lockstep_sgd(params, _streams(line, names),
+                                              oracle.linear_mse_gradients, learning_rate=0.05)
+    steps += epoch_steps
+    assert line["global_step"] == steps
+  for name, value in params.items():
+    np.testing.assert_allclose(checkpoint_value(audit[-1]["checkpoint"], name), value, atol=1e-5)
