@@ -26,6 +26,7 @@ import tensorflow as tf
 
 import estimator_ext
 from examples import ctr_data
+from hooks.workqueue import WorkUnit
 # Defines the --epochsync_* flags, so that they and the EPOCHSYNC_* variables of a deployment
 # (examples/k8s/ctr-tfjob.yaml) set EpochSyncRunConfig's settings.
 from hooks.config import flags as epochsync_flags  # pylint: disable=unused-import
@@ -36,6 +37,9 @@ _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints and eval result
                                  "every task sees.")
 _NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Passes over every shard.", lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 4, "Examples per batch.", lower_bound=1)
+_WORK_UNITS = flags.DEFINE_bool("work_units", False, "Hand the training files out as work units "
+                                 "(estimator_ext.work_units: each task takes the next file when "
+                                 "it is done with one) instead of sharding them by file.")
 _CANNED = flags.DEFINE_enum("canned", "wide_deep", ["wide_deep", "linear", "dnn"],
                             "DNNLinearCombinedClassifier, LinearClassifier (Ftrl) or "
                             "DNNClassifier (Adagrad).")
@@ -77,11 +81,20 @@ def parse_spec():
 
 
 def train_input_fn(config):
-  """One pass over this task's files (file i: training task i % num_workers), in batches."""
+  """One pass over this task's files (file i: training task i % num_workers), in batches; with
+  --work_units, every file a unit of the work queue."""
   pattern = os.path.join(_DATA_DIR.value, "train", "part-*.tfrecord")
+  if _WORK_UNITS.value:
+    units = [WorkUnit(path) for path in sorted(tf.io.gfile.glob(pattern))]
+    return estimator_ext.work_units(units, _unit_batches, config)
   files = estimator_ext.shard(tf.data.Dataset.list_files(pattern, shuffle=False), config)
   records = files.flat_map(tf.data.TFRecordDataset)
   return records.batch(_BATCH_SIZE.value).map(_parse)
+
+
+def _unit_batches(unit):
+  """One file's examples, batched and parsed (a unit's last batch may be partial)."""
+  return tf.data.TFRecordDataset(unit.path).batch(_BATCH_SIZE.value).map(_parse)
 
 
 def eval_input_fn():

@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Dict, List, Sequence
 
-__all__ = ["epoch_table", "progress_printer"]
+__all__ = ["epoch_table", "progress_printer", "unit_table"]
 
 
 def progress_printer(out=sys.stdout):
@@ -21,11 +21,10 @@ def progress_printer(out=sys.stdout):
 
   def on_line(task: str, line: str) -> None:
     message = line.split("] ", 1)[1].rstrip() if "] " in line else ""
-    if message.startswith("progress ") or (message.startswith("epoch ") and
-                                           " done on all " in message):
+    own = message.startswith("progress ") or " took unit " in message  # names its task
+    if own or (message.startswith("epoch ") and " done on all " in message):
       with lock:
-        print(f"  {message if message.startswith('progress ') else task + ': ' + message}",
-              file=out, flush=True)
+        print(f"  {message if own else task + ': ' + message}", file=out, flush=True)
 
   return on_line
 
@@ -56,3 +55,23 @@ def epoch_table(audit: Sequence[dict]) -> List[str]:
     rows.append(f"{str(line['epoch']) + mark:>5} | " + " | ".join(cells) +
                 f" | {line['global_step']}")
   return rows + notes
+
+
+def unit_table(audit: Sequence[dict]) -> List[str]:
+  """Lines per epoch and worker of a work-queue job: its units in the order it took them."""
+  rows = []
+  for line in audit:
+    by_worker: Dict[str, List[dict]] = {}
+    for unit in line.get("units", ()):
+      by_worker.setdefault(unit["worker"], []).append(unit)
+    for worker, units in sorted(by_worker.items()):
+      units = sorted(units, key=lambda u: u["first_batch"])
+      rows.append(f"epoch {line['epoch']} {worker:<10} " + ", ".join(
+          f"{_short(u['unit'])} ({u['batches']})" for u in units) +
+                  f"  = {sum(u['batches'] for u in units)} batches")
+  return rows
+
+
+def _short(unit: str) -> str:
+  """A unit's name without its directory (`part-00003.tfrecord[0:]`)."""
+  return unit.rsplit("/", 1)[-1]

@@ -14,6 +14,8 @@ Typical usage:
   python -m examples.local_cluster --num_workers=4 --shard_batches=6,6,3,0 --stream_logs
   python -m examples.local_cluster --api=estimator       # chief + 2 workers, 2 ps, evaluator
   python -m examples.local_cluster --api=estimator --model=ctr   # wide & deep on tf.Example files
+  python -m examples.local_cluster --api=estimator --model=ctr --work_units --shard_batches=9,1,5,2
+                                          # the same files handed out through the work queue
 """
 
 import json
@@ -25,7 +27,7 @@ import tempfile
 from absl import app
 from absl import flags
 
-from examples.demo_report import epoch_table, progress_printer
+from examples.demo_report import epoch_table, progress_printer, unit_table
 from hooks.epoch.audit import AUDIT_FILENAME, read_audit
 from hooks.testing.local_cluster import LocalCluster
 
@@ -41,6 +43,9 @@ _NUM_WORKERS = flags.DEFINE_integer("num_workers", 3, "Training workers (with --
 _NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter-server tasks (--api=estimator: 2 unless "
                                "given).", lower_bound=1)
 _NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Epochs to train.", lower_bound=1)
+_WORK_UNITS = flags.DEFINE_boolean("work_units", False, "Hand the epoch out through a work queue "
+                                    "(docs/workqueue.md): the --shard_batches sizes become units "
+                                    "(with --model=ctr: files) that each worker takes when free.")
 _SHARDS = flags.DEFINE_list("shard_batches", ["9", "5", "0"], "Batches per worker's shard.")
 _TIMEOUT = flags.DEFINE_float("timeout_secs", 300, "Hard deadline for the whole job.")
 _STREAM = flags.DEFINE_boolean("stream_logs", False, "Echo every task's log, prefixed.")
@@ -68,6 +73,11 @@ def _demo_timeouts(task_args):
   return [f"--{name}={value:g}" for name, value in defaults.items() if name not in given]
 
 
+def _input_flag() -> str:
+  """The shard sizes, as static shards or (--work_units) as the work queue's units."""
+  return ("--unit_batches=" if _WORK_UNITS.value else "--shard_batches=") + ",".join(_SHARDS.value)
+
+
 def main(argv):
   model_dir = _MODEL_DIR.value or tempfile.mkdtemp(prefix="epochsync-demo-")
   estimator = _API.value == "estimator"
@@ -79,14 +89,14 @@ def main(argv):
                     "--train_files=" + ",".join(str(4 * int(n)) for n in _SHARDS.value)],
                    check=True, timeout=120)
     command = [sys.executable, "-m", "examples.ctr_train", "--model_dir=" + model_dir,
-               "--data_dir=" + data_dir, f"--num_epochs={_NUM_EPOCHS.value}"] + argv[1:]
+               "--data_dir=" + data_dir, f"--num_epochs={_NUM_EPOCHS.value}"] + (
+                   ["--work_units"] if _WORK_UNITS.value else []) + argv[1:]
   elif estimator:  # examples.estimator_train is the user's job: its own flags, no --epochsync_*.
     command = [sys.executable, "-m", "examples.estimator_train", "--model_dir=" + model_dir,
-               "--shard_batches=" + ",".join(_SHARDS.value),
-               f"--num_epochs={_NUM_EPOCHS.value}"] + argv[1:]
+               _input_flag(), f"--num_epochs={_NUM_EPOCHS.value}"] + argv[1:]
   else:
     command = [sys.executable, "-m", "examples.train", "--model_dir=" + model_dir,
-               "--shard_batches=" + ",".join(_SHARDS.value),
+               _input_flag(),
                f"--epochsync_num_epochs={_NUM_EPOCHS.value}",
                f"--epochsync_progress_secs={_PROGRESS_SECS.value}"]
     command += _demo_timeouts(argv[1:]) + argv[1:]
@@ -111,6 +121,10 @@ def main(argv):
     print("  " + row)
   for line in audit:
     print(f"  epoch {line['epoch']} checkpoint {line.get('checkpoint')}")
+  if any("units" in line for line in audit):
+    print("units per epoch and worker, in the order each took them (batches):")
+    for row in unit_table(audit):
+      print("  " + row)
   print(f"audit:       {os.path.join(model_dir, AUDIT_FILENAME)}")
   print(f"TensorBoard: tensorboard --logdir {model_dir}   (per-epoch scalars: run 'epochsync'; "
         "loss and global_step/sec: the top run)")

@@ -45,14 +45,44 @@ def test_progress_printer_echoes_progress_and_the_chiefs_epoch_lines_only():
   on_line("worker:0", "I1122 17:02:00.2 42 audit.py:57] epoch 0 done on all 3 workers: ...\n")
   on_line("worker:0", "I1122 17:02:00.3 42 barrier.py:150] worker:0 waiting at start, epoch 0\n")
   on_line("ps:0", "some unrelated line\n")
+  on_line("worker:2", "I1122 17:02:00.4 42 unit_passes.py:48] worker:2 took unit 3 "
+                      "(part-3.tfrecord[0:]) in epoch 0\n")
   assert out.getvalue().splitlines() == [
       "  progress worker:1 epoch 0 done: 5/5 batches of its shard, 40 examples in 0.40 s, "
       "100.0 examples/s",
-      "  worker:0: epoch 0 done on all 3 workers: ..."]
+      "  worker:0: epoch 0 done on all 3 workers: ...",
+      "  worker:2 took unit 3 (part-3.tfrecord[0:]) in epoch 0"]
+
+
+def test_unit_table_lists_each_workers_units_in_the_order_it_took_them():
+  line = {"epoch": 1, "units": [
+      {"unit": "/d/part-2.tfrecord[0:]", "worker": "worker:1", "first_batch": 4, "batches": 3},
+      {"unit": "/d/part-0.tfrecord[0:]", "worker": "worker:0", "first_batch": 0, "batches": 9},
+      {"unit": "/d/part-1.tfrecord[0:]", "worker": "worker:1", "first_batch": 0, "batches": 4}]}
+  assert demo.unit_table([dict(AUDIT[0]), line]) == [
+      "epoch 1 worker:0   part-0.tfrecord[0:] (9)  = 9 batches",
+      "epoch 1 worker:1   part-1.tfrecord[0:] (4), part-2.tfrecord[0:] (3)  = 7 batches"]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_demo_with_work_units_prints_who_trained_which_unit(tmp_path):
+  """`./es demo --work_units --shard_batches=9,1,5,2,7,3`: 6 units over 3 workers, 2 epochs."""
+  out = subprocess.run(
+      [sys.executable, "-m", "examples.local_cluster", "--work_units",
+       "--shard_batches=9,1,5,2,7,3", "--num_epochs=2", f"--model_dir={tmp_path / 'run'}",
+       "--timeout_secs=150"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert re.search(r"worker:\d took unit \d \(<rows>\[\d+:\d+\]\) in epoch 1", out.stdout)
+  table = out.stdout.split("units per epoch and worker, in the order each took them")[1]
+  for epoch in (0, 1):
+    rows = re.findall(rf"epoch {epoch} worker:\d .*= (\d+) batches", table)
+    assert sum(map(int, rows)) == 27, table
 
 
 def test_exports():
-  assert sorted(demo.__all__) == ["epoch_table", "progress_printer"]
+  assert sorted(demo.__all__) == ["epoch_table", "progress_printer", "unit_table"]
 
 
 @pytest.mark.cluster
