@@ -74,8 +74,11 @@ def _demo_timeouts(task_args):
 
 
 def _input_flag() -> str:
-  """The shard sizes, as static shards or (--work_units) as the work queue's units."""
-  return ("--unit_batches=" if _WORK_UNITS.value else "--shard_batches=") + ",".join(_SHARDS.value)
+  """The shard sizes, as static shards or (--work_units) as the work queue's units (a unit
+  holds at least one batch: the empty ones are left out)."""
+  if _WORK_UNITS.value:
+    return "--unit_batches=" + ",".join(n for n in _SHARDS.value if int(n) > 0)
+  return "--shard_batches=" + ",".join(_SHARDS.value)
 
 
 def main(argv):

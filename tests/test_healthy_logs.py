@@ -66,6 +66,7 @@ _JOBS = {
     "mts": [],
     "estimator": ["--api=estimator"],
     "mts_2ps": ["--num_ps=2", "--", "--model=embedding", "--features=12"],
+    "mts_units": ["--work_units"],  # the work queue (docs/workqueue.md)
 }
 
 
@@ -88,7 +89,7 @@ def test_healthy_runs_log_no_avoidable_warning(tmp_path):
          "--timeout_secs=150"] + args, cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert demo.returncode == 0, f"{job} failed:\n{demo.stdout[-3000:]}\n{demo.stderr[-3000:]}"
     paths = sorted(glob.glob(os.path.join(model_dir, "logs", "*.log")))
-    expected = {"mts": 4, "estimator": 6, "mts_2ps": 5}[job]  # ps and evaluator included
+    expected = {"mts": 4, "estimator": 6, "mts_2ps": 5, "mts_units": 4}[job]  # ps and evaluator included
     assert len(paths) == expected, paths
     for path in paths:
       with open(path, errors="replace") as f:
