@@ -226,3 +226,18 @@ def test_a_claim_that_never_gets_an_answer_times_out_naming_the_epoch_and_ps():
   with pytest.raises(ClaimTimeoutError, match=r"worker:0 could not claim its next unit of epoch "
                                               r"4 from the work queue on ps:0"):
     claims.claim(Unanswered(), 4, 0)
+
+
+def test_a_unit_fn_that_repeats_is_refused_before_the_first_step():
+  graph = tf.Graph()
+  with graph.as_default():
+    epoch_input = work_queue_input(
+        [WorkUnit("", 0, 8), WorkUnit("", 8, 16)],
+        lambda unit: tf.data.Dataset.range(16).skip(unit.start).take(unit.count).batch(4).repeat(),
+        1, 1, 0, "worker:0", ps_device="/cpu:0")
+    init = [_v1.global_variables_initializer(), _v1.local_variables_initializer()]
+  with _v1.Session(graph=graph) as session:
+    session.run(init)
+    with pytest.raises(ConfigError, match=r"worker:0: unit_fn returned an infinite \(repeated\) "
+                                          r"dataset for unit <rows>\[\d+:\d+\]"):
+      epoch_input.passes.first_pass(session, 0)

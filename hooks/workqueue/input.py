@@ -60,11 +60,13 @@ class WorkQueueSpec:
     units = list(self.units)
     with tf.name_scope("epochsync_units"):
       unit = _v1.placeholder_with_default(tf.constant(-1, tf.int64), [], "unit")
-      dataset = tf.data.Dataset.from_tensors(unit).filter(_is_unit).flat_map(
-          _batches_of(units, self.unit_fn))
+      batches_of = _batches_of(units, self.unit_fn)
+      dataset = tf.data.Dataset.from_tensors(unit).filter(_is_unit).flat_map(batches_of)
+      probe = _v1.placeholder(tf.int64, [], "probe_unit")  # unit_fn must give one pass
+      cardinality = (probe, batches_of(probe).cardinality())
     ops = queue_graph.build(len(units), num_workers, self.seed, self.shuffle, ps_device)
     claims = UnitClaims(ops, worker_id, task_name, self.claim_timeout_secs)
-    passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples)
+    passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality)
     return EpochInput(dataset, num_epochs, task_name, passes=passes)
 
 

@@ -9,9 +9,12 @@ Typical usage (hooks.workqueue.work_queue_input builds it):
   epoch_input = EpochInput(dataset, num_epochs, task_name, passes=passes)
 """
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import tensorflow as tf
 
 from hooks import log as logging
+from hooks.errors import ConfigError
 from hooks.data.passes import PassEnd, PassSource
 from hooks.workqueue.claims import UnitClaims
 from hooks.workqueue.units import WorkUnit
@@ -23,15 +26,18 @@ class UnitPasses(PassSource):
   """A pass per claimed unit, fed through `unit_feed` (the unit's index; -1: no unit)."""
 
   def __init__(self, claims: UnitClaims, unit_feed: Any, units: Sequence[WorkUnit],
-               task_name: str, records_are_examples: bool = True):
+               task_name: str, records_are_examples: bool = True,
+               cardinality: Optional[Tuple[Any, Any]] = None):
     self.claims, self._feed, self.units, self.task_name = claims, unit_feed, units, task_name
     self.records_are_examples = records_are_examples
+    self._cardinality, self._checked = cardinality, False  # (unit feed, unit_fn's cardinality)
     self._unit = -1
     self.trained: Dict[int, list] = {}  # epoch -> [(unit, batches, examples)], this worker's
 
   def first_pass(self, session, epoch: int) -> Dict[Any, Any]:
     self.trained.setdefault(epoch, [])
     self._unit = self._take(self.claims.claim(session, epoch, at_batch=0), epoch)
+    self._check_one_pass(session)
     return {self._feed: self._unit}
 
   def next_pass(self, session, epoch: int, ended: PassEnd) -> Optional[Dict[Any, Any]]:
@@ -42,6 +48,19 @@ class UnitPasses(PassSource):
     self._unit = self._take(self.claims.claim(session, epoch, ended.epoch_batches, finished),
                             epoch)
     return None if self._unit < 0 else {self._feed: self._unit}
+
+  def _check_one_pass(self, session) -> None:
+    """Once per session, before the first step: unit_fn's dataset of the first unit this worker
+    took must not be infinite (a repeat() would train that unit for ever)."""
+    if self._checked or self._cardinality is None or self._unit < 0:
+      return
+    self._checked = True
+    feed, cardinality = self._cardinality
+    if int(session.run(cardinality, {feed: self._unit})) == tf.data.INFINITE_CARDINALITY:
+      raise ConfigError(
+          f"{self.task_name}: unit_fn returned an infinite (repeated) dataset for unit "
+          f"{self.units[self._unit]}: return one pass over the unit's records; remove .repeat() "
+          "(every epoch hands each unit out once)")
 
   def _take(self, unit: int, epoch: int) -> int:
     if unit >= 0:
