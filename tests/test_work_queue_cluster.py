@@ -101,3 +101,50 @@ def test_asynchronous_units_go_to_the_free_workers(tmp_path):
   for line in audit:
     batches = {w: s["batches"] for w, s in line["workers"].items()}
     assert batches["worker:2"] < min(batches["worker:0"], batches["worker:1"]), batches
+
+
+def _wait_for_epochs(model_dir, n, deadline_secs=90):
+  import time  # pylint: disable=g-import-not-at-top
+  deadline = time.monotonic() + deadline_secs
+  while time.monotonic() < deadline and len(read_audit(model_dir)) < n:
+    time.sleep(0.05)
+  assert len(read_audit(model_dir)) >= n, f"the job did not finish {n} epoch(s) in time"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_worker_then_a_relaunch_with_fewer_workers_trains_every_unit_once(tmp_path):
+  """Epoch 1 dies with worker:1 (SIGKILL mid-epoch; no mid-epoch checkpoints with a queue yet),
+  the job is relaunched from the epoch checkpoint with 2 workers instead of 3 (the queue's
+  state, saved with the model, starts the epoch again): each epoch's audit lists every unit
+  once, and the parameters equal the oracle of epoch 0 (3 workers) then epochs 1-2 (2)."""
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
+                    "--epochsync_num_epochs=3", "--step_sleep_secs=0.1"]
+  with LocalCluster(num_workers=3, timeout_secs=120, fail_fast_secs=20,
+                    log_dir=str(tmp_path / "logs1")) as cluster:
+    cluster.start(command)
+    _wait_for_epochs(model_dir, 1)
+    import time  # pylint: disable=g-import-not-at-top
+    time.sleep(0.8)  # inside epoch 1
+    cluster.kill_task("worker:1")
+    first = cluster.wait()
+  assert first.tasks["worker:1"].returncode not in (0, None)
+  assert [line["epoch"] for line in read_audit(model_dir)] == [0]
+  with LocalCluster(num_workers=2, timeout_secs=150, log_dir=str(tmp_path / "logs2")) as cluster:
+    cluster.start(command)
+    second = cluster.wait()
+  second.check()
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1, 2]
+  assert [len(line["workers"]) for line in audit] == [3, 2, 2]
+  params, steps = {"w": np.zeros(FEATURES), "b": np.zeros(())}, 0
+  for line in audit:
+    assert sorted(u["index"] for u in line["units"]) == list(range(len(UNITS)))
+    assert all(u["batches"] == UNITS[u["index"]] for u in line["units"]), line["units"]
+    params, epoch_steps = oracle.lockstep_sgd(params, _streams(line, len(line["workers"])),
+                                              oracle.linear_mse_gradients, learning_rate=LR)
+    steps += epoch_steps
+    assert line["global_step"] == steps
+  for name, value in params.items():
+    np.testing.assert_allclose(checkpoint_value(audit[-1]["checkpoint"], name), value, atol=1e-5)
