@@ -102,15 +102,25 @@ def test_a_step_whose_part_here_never_started_is_lost_and_ends_the_process(caplo
   watchdog, session, exits = _marked()
   watchdog.start()
   session.run(**_args(watchdog.before_step()))  # step 1 started here
-  with watchdog.step():
+  with watchdog.step("train"):
     time.sleep(0.05)
   watchdog.before_step()  # step 2: its run never reaches this task (the marker stays at 1)
-  with watchdog.step():
+  with watchdog.step("train"):
     _wait_for(exits, 5)
   watchdog.stop()
   assert exits == [1]
   assert ("worker:1: step 2 of this task has been in TensorFlow's session.run for 0 s and its "
           "part on this task never started") in caplog.text
+
+
+def test_the_first_step_of_a_kind_is_not_lost_while_its_graph_is_registered():
+  watchdog, _, exits = _marked()
+  watchdog.start()
+  watchdog.before_step()  # the marker stays behind: partitions not issued yet
+  with watchdog.step("train with summaries"):
+    time.sleep(1.0)
+  watchdog.stop()
+  assert exits == []
 
 
 def test_a_slow_step_that_started_here_is_left_alone():

@@ -109,9 +109,27 @@ def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepW
       return run_retrying(lambda: run(*args, **kwargs), "a run of a hook", task_name,
                           lambda e: run_retryable(e, task_name))
     steps[0] += 1
-    with watchdog.step() if watchdog else contextlib.nullcontext():
+    with watchdog.step(_kind(args, kwargs)) if watchdog else contextlib.nullcontext():
       return run_retrying(lambda: run(*args, **kwargs), f"step {steps[0]} of this task",
                           task_name, lambda e: step_retryable(e, task_name, gated))
 
   run_step._epochsync_retrying = True  # pylint: disable=protected-access
   session.run = run_step
+
+
+def _kind(args, kwargs) -> tuple:
+  """The names of a run's fetches and feeds: runs of one kind share their registered graph."""
+  fetches = args[0] if args else kwargs.get("fetches")
+  feeds = (args[1] if len(args) > 1 else kwargs.get("feed_dict")) or {}
+  return _names(fetches), _names(list(feeds))
+
+
+def _names(fetches) -> tuple:
+  """The tensor and op names in `fetches` (MonitoredSession's dict is keyed by hook objects)."""
+  if isinstance(fetches, dict):
+    return tuple(_names(v) for v in fetches.values())
+  if isinstance(fetches, (list, tuple)):
+    return tuple(_names(v) for v in fetches)
+  if isinstance(fetches, tf.SparseTensor):
+    return (fetches.indices.name,)
+  return (getattr(fetches, "name", type(fetches).__name__),)

@@ -10,7 +10,9 @@ restarted job resumes from its newest checkpoint.
 - **Lost** (every job): each step also sets a local marker to its number, the first thing its
   partition on this task does. A step still running after `lost_after_secs` whose marker is
   behind never started here: TensorFlow rejected this task's part and lost the cancellation of
-  the rest. A step whose marker is set is only slow and is left alone.
+  the rest. A step whose marker is set is only slow and is left alone, and so is the first step
+  of each kind (its fetches and feeds): TensorFlow partitions and registers its graph on every
+  task before it starts any partition, which can take long for a large graph.
 - **Too long** (an asynchronous job, `watch` given): an asynchronous step waits for no other
   task, so one still running at `step_timeout_secs` is lost too; a WARNING comes after
   `warn_after_secs`, then every `log_every_secs`.
@@ -25,7 +27,7 @@ Typical usage (RecoveryGuardHook does it: build in begin(), before_step() in bef
 
 import contextlib
 import threading
-from typing import Callable, Iterator, Optional
+from typing import Callable, Hashable, Iterator, Optional
 
 import tensorflow as tf
 
@@ -57,6 +59,8 @@ class StuckStepWatchdog:
     timeouts = [lost_after_secs] + ([watch.timeout_secs] if watch else [])
     self._poll_secs = min([1.0] + [t / 10 for t in timeouts])
     self._number, self._probed = 0, 0
+    self._kinds: set = set()  # the kinds of step (fetches, feeds) run before: registered
+    self._first_of_kind = False
     self._session = self._mark = self._marker = self._token = None
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
@@ -81,8 +85,11 @@ class StuckStepWatchdog:
     return _v1.train.SessionRunArgs(self._mark, feed_dict={self._token: self._number})
 
   @contextlib.contextmanager
-  def step(self) -> Iterator[None]:
-    """Watches the run inside the `with` block as the current step."""
+  def step(self, kind: Hashable = None) -> Iterator[None]:
+    """Watches the run inside the `with` block as the current step, of `kind` (e.g. the names
+    of its fetches and feeds; the first step of a kind is not checked for being lost)."""
+    self._first_of_kind = kind not in self._kinds
+    self._kinds.add(kind)
     for watch in filter(None, (self._watch, self._running)):
       watch.start()
     try:
@@ -112,7 +119,8 @@ class StuckStepWatchdog:
   def _lost(self) -> bool:
     """Whether the running step's partition here never started (its marker is behind)."""
     waited, number = self._running.waited(), self._number
-    if waited is None or waited < self._lost_after or self._probed == number:
+    if (waited is None or waited < self._lost_after or self._probed == number or
+        self._first_of_kind):
       return False
     started = self._read_marker()
     if started is None:

@@ -95,25 +95,31 @@ class _Stall(EpochListener):
 
 
 class _HangStep(tf.compat.v1.train.SessionRunHook):
-  """The --hang_step-th step also fetches a dequeue from an empty queue: it never ends."""
+  """Every step also dequeues from a queue that holds --hang_step - 1 elements: that step never
+  ends (every step fetches the same, so the hanging one is of a kind run before)."""
 
   def begin(self):
     self._steps = 0
     with tf.name_scope("test_hang"):
-      self._never = tf.queue.FIFOQueue(1, tf.int32).dequeue()
+      queue = tf.queue.FIFOQueue(_HANG_STEP.value, tf.int32)
+      self._fill = queue.enqueue_many([tf.range(_HANG_STEP.value - 1)])
+      self._never = queue.dequeue()
       if _HANG_LOST.value:  # after the RecoveryGuardHook's marker set it: as if never set
+        # (in every step: only the hanging one runs long enough for the marker to be read)
         graph = tf.compat.v1.get_default_graph()
         marker = graph.get_tensor_by_name("epochsync_step_marker/started:0")
         with tf.control_dependencies([graph.get_operation_by_name("epochsync_step_marker/Assign")]):
           reset = tf.compat.v1.assign(marker.op.outputs[0], -1)
         self._never = [self._never, reset]
 
+  def after_create_session(self, session, coord):
+    session.run(self._fill)
+
   def before_run(self, run_context):
     self._steps += 1
     if self._steps == _HANG_STEP.value:
       print(f"step {self._steps}: hanging in session.run", flush=True)
-      return tf.compat.v1.train.SessionRunArgs(self._never)
-    return None
+    return tf.compat.v1.train.SessionRunArgs(self._never)
 
 
 class _DelayBegin(tf.compat.v1.train.SessionRunHook):
