@@ -47,6 +47,7 @@ _RELAUNCHES = flags.DEFINE_integer("relaunches", 0, "Restarts of a failed job fr
                                    "model_dir (a restart policy).", lower_bound=0)
 
 _RETRIED = "as a duplicate RunGraph request"
+_SETTLED_SECS = 60.0
 _PROGRESS = re.compile(r"progress (\S+) epoch (\d+)(?: done)?: (\d+)/\d+ batches.* "
                        r"([\d.]+) examples/s")
 
@@ -75,8 +76,11 @@ class _RssSampler:
     for name, samples in self.samples.items():
       if samples:
         rss = [mb for _, mb in samples]
-        summary[name] = {"first_mb": rss[0], "last_mb": rss[-1], "max_mb": max(rss),
-                         "growth_mb": round(rss[-1] - rss[0], 1), "samples": samples}
+        # Growth from the first sample after the first minute (start-up allocates, then frees).
+        settled = next((mb for t, mb in samples if t >= _SETTLED_SECS), rss[0])
+        summary[name] = {"first_mb": rss[0], "settled_mb": settled, "last_mb": rss[-1],
+                         "max_mb": max(rss), "growth_mb": round(rss[-1] - settled, 1),
+                         "samples": samples}
     return summary
 
 
