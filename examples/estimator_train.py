@@ -14,15 +14,11 @@ from absl import flags
 import tensorflow as tf
 
 import estimator_ext
-from hooks.workqueue import WorkUnit
 from examples.estimator_data import BATCH_SIZE, EVAL_BATCHES, EVAL_SHARD, FEATURES, shard_arrays
 
 _SHARD_BATCHES = flags.DEFINE_list(
     "shard_batches", ["9", "5", "0"], "Batches in each training task's shard, by its id in the "
     "cluster (chief 0, worker:i i+1).")
-_UNIT_BATCHES = flags.DEFINE_list(
-    "unit_batches", [], "Train through a work queue (estimator_ext.work_units) instead of "
-    "static shards: the units' sizes in batches, rows of one array (replaces --shard_batches).")
 _NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Passes over every shard.", lower_bound=1)
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.05, "Plain SGD learning rate.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints and eval results; storage "
@@ -30,34 +26,12 @@ _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints and eval result
 
 
 def train_input_fn(config):
-  """One pass over this task's shard, in batches (or, with --unit_batches, the work units)."""
-  if _UNIT_BATCHES.value:
-    return unit_input(config, [int(n) for n in _UNIT_BATCHES.value])
+  """One pass over this task's shard, in batches."""
   shards = [int(n) for n in _SHARD_BATCHES.value]
   shard_id = config.global_id_in_cluster
   x, y = shard_arrays(shard_id, shards[shard_id % len(shards)])
   dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH_SIZE)
   return dataset
-
-
-def unit_input(config, unit_batches):
-  """The work units of --unit_batches: consecutive row ranges of one array (seed 999)."""
-  x, y = unit_arrays(unit_batches)
-  units, start = [], 0
-  for batches in unit_batches:
-    units.append(WorkUnit("", start, start + batches * BATCH_SIZE))
-    start += batches * BATCH_SIZE
-
-  def unit_fn(unit):
-    rows = tf.data.Dataset.from_tensor_slices((x, y))
-    return rows.skip(unit.start).take(unit.count).batch(BATCH_SIZE)
-
-  return estimator_ext.work_units(units, unit_fn, config)
-
-
-def unit_arrays(unit_batches):
-  """The (features, labels) the units are row ranges of."""
-  return shard_arrays(999, sum(unit_batches))
 
 
 def eval_input_fn():

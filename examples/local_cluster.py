@@ -45,7 +45,8 @@ _NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter-server tasks (--api=estim
 _NUM_EPOCHS = flags.DEFINE_integer("num_epochs", 3, "Epochs to train.", lower_bound=1)
 _WORK_UNITS = flags.DEFINE_boolean("work_units", False, "Hand the epoch out through a work queue "
                                     "(docs/workqueue.md): the --shard_batches sizes become units "
-                                    "(with --model=ctr: files) that each worker takes when free.")
+                                    "(with --api=estimator --model=ctr: files) that each worker "
+                                    "takes when free.")
 _SHARDS = flags.DEFINE_list("shard_batches", ["9", "5", "0"], "Batches per worker's shard.")
 _TIMEOUT = flags.DEFINE_float("timeout_secs", 300, "Hard deadline for the whole job.")
 _STREAM = flags.DEFINE_boolean("stream_logs", False, "Echo every task's log, prefixed.")
@@ -86,6 +87,9 @@ def main(argv):
   estimator = _API.value == "estimator"
   if _MODEL.value == "ctr" and not estimator:
     raise app.UsageError("--model=ctr is an Estimator job: add --api=estimator")
+  if _WORK_UNITS.value and estimator and _MODEL.value != "ctr":
+    raise app.UsageError("--work_units with --api=estimator: add --model=ctr (its tf.Example "
+                         "files are the units)")
   if _MODEL.value == "ctr":  # examples.ctr_train: files sharded by file over the tasks
     data_dir = os.path.join(model_dir, "data")
     subprocess.run([sys.executable, "-m", "examples.ctr_data", "--data_dir=" + data_dir,

@@ -43,7 +43,7 @@ def set_tf_config(monkeypatch, task_type, index=0, cluster=None, **extra):
 def test_exports():
   assert sorted(estimator_ext.__all__) == [
       "EarlyStopping", "EpochResults", "EpochSyncOptimizer", "EpochSyncRunConfig",
-      "EvaluatorTimeoutError", "read_eval_log", "shard", "sync_optimizer", "train_and_evaluate"]
+      "EvaluatorTimeoutError", "read_eval_log", "shard", "sync_optimizer", "train_and_evaluate", "work_units"]
 
 
 class TestEpochSyncRunConfig:

@@ -1,4 +1,4 @@
-"""estimator_ext.work_units on a real cluster: the documented Estimator job trains its units
+"""estimator_ext.work_units on a real cluster: the example's linear Estimator job trains units
 through the work queue, every unit once per epoch, equal to the lockstep oracle of the workers'
 recorded unit streams."""
 
@@ -16,14 +16,14 @@ from cluster_checks import checkpoint_value
 pytestmark = [pytest.mark.cluster]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = [sys.executable, "-m", "examples.estimator_train"]
+TASK = [sys.executable, os.path.join(ROOT, "tests", "tasks", "estimator_task.py")]
 UNITS = [5, 1, 3, 6, 2, 4, 1]
 
 
 def _streams(line, names):
   from examples import estimator_data  # pylint: disable=g-import-not-at-top; no flags here
   batch = estimator_data.BATCH_SIZE
-  x, y = estimator_data.shard_arrays(999, sum(UNITS))  # examples.estimator_train.unit_arrays
+  x, y = estimator_data.shard_arrays(999, sum(UNITS))  # estimator_task.unit_train_input_fn
   starts = np.cumsum([0] + UNITS[:-1]) * batch
   streams = []
   for name in names:
@@ -40,8 +40,8 @@ def test_estimator_work_units_are_trained_once_and_equal_the_oracle(tmp_path):
   model_dir, epochs = str(tmp_path / "model"), 2
   with LocalCluster(num_workers=3, num_ps=1, has_chief=True, timeout_secs=180,
                     log_dir=str(tmp_path / "logs")) as cluster:
-    cluster.start(EXAMPLE + [f"--model_dir={model_dir}", f"--num_epochs={epochs}",
-                             "--unit_batches=" + ",".join(map(str, UNITS))])
+    cluster.start(TASK + [f"--model_dir={model_dir}", f"--epochsync_num_epochs={epochs}",
+                          "--unit_batches=" + ",".join(map(str, UNITS))])
     result = cluster.wait()
   result.check()
   names = cluster.training_task_names

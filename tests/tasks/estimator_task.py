@@ -12,6 +12,9 @@ them. Every task writes <model_dir>/summary-<task>.json with what train_and_eval
                       callable (Adagrad 0.001 decayed by 1.0 on global_step): the same training
   --tf_random_seed=N --step_sleep_secs=S   the same initial variables each run; a pause per step
   --evaluator_timeout_secs=15         EpochSyncRunConfig(evaluator_timeout_secs)
+  --unit_batches=5,1,3               the linear job's input through a work queue
+                      (estimator_ext.work_units): units of those sizes in batches, row ranges of
+                      one array (examples.estimator_data.shard_arrays(999, ...))
   --warm_start_from=<checkpoint> [--warm_start_vars=.*]   tf.estimator.WarmStartSettings: a
                       list of scopes over GLOBAL_VARIABLES (as stock); without the flag, the
                       default regex over TRAINABLE_VARIABLES
@@ -27,7 +30,9 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_ext
+from examples import estimator_data
 from examples import estimator_train
+from hooks.workqueue import WorkUnit
 from hooks.config import flags as epochsync_flags  # pylint: disable=unused-import; the --epochsync_* flags
 
 _MODEL = flags.DEFINE_enum("model", "linear", ["linear", "wide_deep"], "Which Estimator.")
@@ -38,6 +43,8 @@ _OPTIMIZERS = flags.DEFINE_enum(
     "wide_deep's optimizers: Ftrl/Adagrad instances at 0.05, at the canned defaults, or as a name "
     "and a callable.")
 _IN_LOOP = flags.DEFINE_bool("in_loop_eval", False, "The chief evaluates every epoch.")
+_UNIT_BATCHES = flags.DEFINE_list("unit_batches", [], "The linear job's units (batches each) "
+                                  "through a work queue, instead of its static shards.")
 _WARM_FROM = flags.DEFINE_string("warm_start_from", None, "WarmStartSettings' checkpoint.")
 _WARM_VARS = flags.DEFINE_list("warm_start_vars", None, "WarmStartSettings' vars_to_warm_start "
                                "as a list of scopes; default: the stock regex '.*'.")
@@ -57,6 +64,20 @@ class _SleepAfterStep(tf.compat.v1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     time.sleep(_STEP_SLEEP.value)
 VOCAB, EMBEDDING_DIM, BATCH_SIZE = 20, 4, 8
+
+
+def unit_train_input_fn(config):
+  """The linear job's epoch as work units: row ranges of one array, one per --unit_batches."""
+  sizes = [int(n) for n in _UNIT_BATCHES.value]
+  x, y = estimator_data.shard_arrays(999, sum(sizes))
+  batch = estimator_data.BATCH_SIZE
+  starts = np.cumsum([0] + sizes[:-1]) * batch
+  units = [WorkUnit("", int(s), int(s) + n * batch) for s, n in zip(starts, sizes)]
+
+  def unit_fn(unit):
+    return tf.data.Dataset.from_tensor_slices((x, y)).skip(unit.start).take(unit.count).batch(batch)
+
+  return estimator_ext.work_units(units, unit_fn, config)
 
 
 def wide_deep_arrays(shard_id, num_batches):
@@ -113,6 +134,8 @@ def main(argv):
     estimator = tf.compat.v1.estimator.Estimator(estimator_train.model_fn, config=config,
                                                  warm_start_from=warm_start)
     train_input_fn, eval_input_fn = estimator_train.train_input_fn, estimator_train.eval_input_fn
+    if _UNIT_BATCHES.value:
+      train_input_fn = unit_train_input_fn
   else:
     estimator = wide_deep(config)
     train_input_fn, eval_input_fn = wide_deep_train_input_fn, wide_deep_eval_input_fn
