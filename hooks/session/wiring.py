@@ -94,11 +94,7 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       startup_timeout_secs=settings.startup_timeout_secs,
       warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
       audit_dir=model_dir, liveness=monitor)
-  queue = epoch_input.passes if isinstance(epoch_input.passes, UnitPasses) else None
-  if queue is not None:
-    queue.claims.liveness = monitor
-    if config.is_chief:  # Before the save: a wrong epoch is never saved.
-      barrier.add_chief_action(UnitAudit(queue, config.worker_names))
+  queue = _wire_work_queue(config, epoch_input, monitor, barrier)
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
@@ -127,8 +123,7 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     mid_epoch = False
     if config.is_chief:
       logging.info("%s: no mid-epoch checkpoints with a work queue yet (hooks.workqueue): the "
-                   "chief saves at every epoch's end, with the queue's state",
-                   config.task_name)
+                   "chief saves at every epoch's end, with the queue's state", config.task_name)
   if mid_epoch:  # A resume skips by position: the order must be the same on a rerun.
     determinism.warn_if_nondeterministic(epoch_input.dataset, config.task_name)
   resume = MidEpochResume(epoch_input, **common, count_applied=mid_epoch and sync is None)
@@ -142,6 +137,18 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     hooks.append(EpochSummaryHook(barrier, summary_dir or model_dir))
   hooks.append(EpochProgressHook(epoch_input, every_secs=settings.progress_secs))
   return hooks + [epoch_input.hook]
+
+
+def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: Any,
+                     barrier: EpochBarrierHook) -> Optional[UnitPasses]:
+  """A work queue's claims name a dead ps:0 at once; the chief checks and audits its epoch
+  (a barrier action, before the save: a wrong epoch is never saved). None: a static shard."""
+  queue = epoch_input.passes if isinstance(epoch_input.passes, UnitPasses) else None
+  if queue is not None:
+    queue.claims.liveness = monitor
+    if config.is_chief:
+      barrier.add_chief_action(UnitAudit(queue, config.worker_names))
+  return queue
 
 
 def _stuck_step_watchdog(config: ClusterConfig, settings: EpochSyncSettings,
