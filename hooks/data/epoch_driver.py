@@ -125,7 +125,8 @@ class EpochDriverHook(_v1.train.SessionRunHook):
     return True
 
   def _next_pass_with_data(self, session) -> bool:
-    """Starts the epoch's next passes until one has a batch; False when the source has none."""
+    """Starts the epoch's next passes until one has a batch; False when the source has none.
+    Bounded by the source: each pass it gives is a new one (a work queue: a new unit)."""
     while True:
       ended = PassEnd(self._pass_batches, self._pass_examples, self._batches)
       feeds = self._input.passes.next_pass(session, self._epoch, ended)

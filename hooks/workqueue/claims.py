@@ -63,7 +63,7 @@ class UnitClaims:
   def _run(self, session, feeds, epoch: int) -> int:
     started = time.monotonic()
     attempt = 0
-    while True:
+    while True:  # Bounded: each attempt has a deadline, and the retries stop at timeout_secs.
       attempt += 1
       try:
         return int(session.run(self._ops.claim, feeds, options=run_options(self._attempt)))
