@@ -4,10 +4,11 @@
                              overhead 10 min, barrier 5, its floor 1, uneven 9, growth 3: about 28 minutes)
   ./es bench --full          + the 0.1M/10M MLPs, the CTR model, async with vs without the hooks,
                              start-up at 2/4/8 workers, the input's overhead, a mid-epoch
-                             resume's skip and save (about 40 minutes more)
+                             resume's skip and save, the work queue with a half-speed worker
+                             (about 45 minutes more)
   ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
-                             save_stall, run_cost
+                             save_stall, run_cost, work_queue
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
@@ -48,6 +49,8 @@ _FULL = {
     "resume_cost": ("bench.resume_cost", ["--output={out}.json"]),
     "save_stall": ("bench.save_stall", ["--output={out}.json"]),
     "run_cost": ("bench.run_cost", ["--output={out}.json"]),
+    "work_queue": ("bench.work_queue", ["--repetitions=2", "--total_batches=480",
+                                        "--unit_batches=4,8,16", "--output={out}.json"]),
 }
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),
