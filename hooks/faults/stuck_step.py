@@ -27,6 +27,7 @@ Typical usage (RecoveryGuardHook does it: build in begin(), before_step() in bef
 
 import contextlib
 import threading
+import time
 from typing import Callable, Hashable, Iterator, Optional
 
 import tensorflow as tf
@@ -52,8 +53,7 @@ class StuckStepWatchdog:
                lost_after_secs: float = LOST_AFTER_SECS,
                exit_fn: Optional[Callable[[int], None]] = None):
     self.task_name, self._watch = task_name, watch
-    # Lost steps are found by their marker; with no timeout, any step past lost_after_secs.
-    self._running = StepWatch(lost_after_secs * 1e6, lost_after_secs, 1e6)
+    self._step_started: Optional[float] = None  # time.monotonic() of the running step's start
     self._lost_after = lost_after_secs
     self._exit = exit_fn or exit_process
     timeouts = [lost_after_secs] + ([watch.timeout_secs] if watch else [])
@@ -90,13 +90,15 @@ class StuckStepWatchdog:
     of its fetches and feeds; the first step of a kind is not checked for being lost)."""
     self._first_of_kind = kind not in self._kinds
     self._kinds.add(kind)
-    for watch in filter(None, (self._watch, self._running)):
-      watch.start()
+    self._step_started = time.monotonic()
+    if self._watch is not None:
+      self._watch.start()
     try:
       yield
     finally:
-      for watch in filter(None, (self._watch, self._running)):
-        watch.finish()
+      self._step_started = None
+      if self._watch is not None:
+        self._watch.finish()
 
   def start(self) -> None:
     """Starts the watching thread (once; again after stop())."""
@@ -118,7 +120,8 @@ class StuckStepWatchdog:
 
   def _lost(self) -> bool:
     """Whether the running step's partition here never started (its marker is behind)."""
-    waited, number = self._running.waited(), self._number
+    started_at, number = self._step_started, self._number
+    waited = None if started_at is None else time.monotonic() - started_at
     if (waited is None or waited < self._lost_after or self._probed == number or
         self._first_of_kind):
       return False
