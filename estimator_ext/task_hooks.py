@@ -22,8 +22,7 @@ from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
 from hooks.checkpoint.mid_epoch_resume import MidEpochResume
 from hooks.data import determinism
 from hooks.data.epoch_input import EpochInput
-from hooks.workqueue.audit import UnitAudit
-from hooks.workqueue.unit_passes import UnitPasses
+from hooks.workqueue.audit import audit_work_queue
 from hooks.epoch.barrier import EpochBarrierHook
 from hooks.epoch.run_start import RunStartHook
 from hooks.faults import liveness
@@ -158,10 +157,8 @@ def _local_hooks(config: EpochSyncRunConfig, epoch_input: EpochInput, model_dir:
       warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
       audit_dir=model_dir, ps_device="")
   secs, steps = settings.save_checkpoint_secs, settings.save_checkpoint_steps
-  queue = epoch_input.passes if isinstance(epoch_input.passes, UnitPasses) else None
+  queue = audit_work_queue(epoch_input, barrier, names)
   mid_epoch = bool(secs or steps) and queue is None  # none with a work queue yet
-  if queue is not None:  # Before the save: a wrong epoch is never saved.
-    barrier.add_chief_action(UnitAudit(queue, names))
   hooks = [WorkerDoneHook(epoch_input, 1, 0, names, ps_device=""), barrier,
            MidEpochResume(epoch_input, 1, 0, names, count_applied=mid_epoch, ps_device=""),
            ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners)]

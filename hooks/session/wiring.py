@@ -34,8 +34,8 @@ from hooks.faults.stuck_step import StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.config.settings import EpochSyncSettings
 from hooks import log as logging
-from hooks.workqueue.audit import UnitAudit
-from hooks.workqueue.unit_passes import UnitPasses
+from hooks.workqueue.audit import audit_work_queue
+from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
 
 __all__ = ["epoch_sync_hooks"]
 
@@ -141,13 +141,13 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
 
 def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: Any,
                      barrier: EpochBarrierHook) -> Optional[UnitPasses]:
-  """A work queue's claims name a dead ps:0 at once; the chief checks and audits its epoch
-  (a barrier action, before the save: a wrong epoch is never saved). None: a static shard."""
-  queue = epoch_input.passes if isinstance(epoch_input.passes, UnitPasses) else None
+  """A work queue's claims name a dead ps:0 at once; the chief checks and audits its epoch.
+  None: a static shard."""
+  queue = work_queue_of(epoch_input)
   if queue is not None:
     queue.claims.liveness = monitor
-    if config.is_chief:
-      barrier.add_chief_action(UnitAudit(queue, config.worker_names))
+  if config.is_chief:
+    audit_work_queue(epoch_input, barrier, config.worker_names)
   return queue
 
 

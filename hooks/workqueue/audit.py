@@ -7,18 +7,18 @@ when every unit was handed out and finished, each worker's units add up to what 
 and each unit of a known record range yielded that many examples. Anything else raises
 WorkQueueError naming each problem, so no checkpoint of a wrong epoch is written.
 
-Typical usage (hooks.session.wiring registers it on the chief):
-  barrier.add_chief_action(UnitAudit(passes, worker_names))
+Typical usage (hooks.session.wiring and estimator_ext's local mode, on the chief):
+  queue = audit_work_queue(epoch_input, barrier, worker_names)  # None: a static shard
 """
 
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hooks.data.epoch_listener import EpochStats
 from hooks.errors import WorkQueueError
 from hooks.faults.waiting import run_options
-from hooks.workqueue.unit_passes import UnitPasses
+from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
 
-__all__ = ["UnitAudit"]
+__all__ = ["UnitAudit", "audit_work_queue"]
 
 _READ_TIMEOUT_SECS = 60.0
 
@@ -73,3 +73,13 @@ class UnitAudit:
                           f"{count} records ({'short' if u['examples'] < count else 'long'}: "
                           "a filter, drop_remainder or repeat in unit_fn?)")
     return problems
+
+
+def audit_work_queue(epoch_input: Any, barrier: Any, worker_names: Sequence[str]
+                     ) -> Optional[UnitPasses]:
+  """The work queue `epoch_input` reads from, its audit added to the chief's `barrier` actions
+  (before the save: a wrong epoch is never saved); None for a static shard."""
+  queue = work_queue_of(epoch_input)
+  if queue is not None:
+    barrier.add_chief_action(UnitAudit(queue, worker_names))
+  return queue

@@ -19,7 +19,7 @@ from hooks.data.passes import PassEnd, PassSource
 from hooks.workqueue.claims import UnitClaims
 from hooks.workqueue.units import WorkUnit
 
-__all__ = ["UnitPasses"]
+__all__ = ["UnitPasses", "work_queue_of"]
 
 
 class UnitPasses(PassSource):
@@ -69,3 +69,9 @@ class UnitPasses(PassSource):
     else:
       logging.info("%s: no unit left in epoch %d", self.task_name, epoch)
     return unit
+
+
+def work_queue_of(epoch_input: Any) -> Optional["UnitPasses"]:
+  """The work queue an EpochInput's passes come from; None for a static shard."""
+  passes = getattr(epoch_input, "passes", None)
+  return passes if isinstance(passes, UnitPasses) else None
