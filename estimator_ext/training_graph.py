@@ -24,7 +24,6 @@ from hooks import log as logging
 from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError, raise_if_problems
 from hooks.workqueue.input import PS_DEVICE, WorkQueueSpec
-from hooks.workqueue.units import UnitTensors
 
 __all__ = ["build_graph", "check_dataset"]
 
@@ -38,10 +37,7 @@ def check_dataset(estimator, train_spec, task: str) -> None:
     result = estimator._call_input_fn(train_spec.input_fn, _TRAIN)
     if isinstance(result, WorkQueueSpec):  # its first unit must be one finite pass
       raise_if_problems(result.problems(), f"work units of {task}")
-      result = result.unit_fn(UnitTensors(tf.constant(0, tf.int64),
-                                          tf.constant(result.units[0].path),
-                                          tf.constant(result.units[0].start, tf.int64),
-                                          tf.constant(result.units[0].count, tf.int64)))
+      result = result.first_unit_dataset()
     if not isinstance(result, tf.data.Dataset):
       raise ConfigError(
           f"train_spec.input_fn returned a {type(result).__name__} on {task}: it must return a "

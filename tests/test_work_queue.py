@@ -241,3 +241,14 @@ def test_a_unit_fn_that_repeats_is_refused_before_the_first_step():
     with pytest.raises(ConfigError, match=r"worker:0: unit_fn returned an infinite \(repeated\) "
                                           r"dataset for unit <rows>\[\d+:\d+\]"):
       epoch_input.passes.first_pass(session, 0)
+
+
+def test_a_specs_units_are_checked_once(tmp_path, monkeypatch):
+  from hooks.workqueue import input as input_lib  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(input_lib, "unit_problems",
+                      lambda units: calls.append(1) or unit_problems(units))
+  spec = input_lib.WorkQueueSpec([WorkUnit(str(tmp_path / "missing"))], lambda unit: None)
+  first, second = spec.problems(), spec.problems()
+  assert first == second and "does not exist" in first[0]
+  assert len(calls) == 1  # each file's existence is a filesystem call

@@ -15,7 +15,7 @@ Typical usage (build it inside the worker's graph, as EpochInput):
 """
 
 import dataclasses
-from typing import Callable, List, Sequence
+from typing import Any, Callable, List, Sequence
 
 import tensorflow as tf
 
@@ -44,12 +44,22 @@ class WorkQueueSpec:
   records_are_examples: bool = True
 
   def problems(self) -> List[str]:
-    """What is wrong with the units or unit_fn, naming each; [] when nothing is."""
-    problems = unit_problems(self.units)
-    if not callable(self.unit_fn):
-      problems.append(f"unit_fn={self.unit_fn!r} must be a function UnitTensors -> "
-                      "tf.data.Dataset")
-    return problems
+    """What is wrong with the units or unit_fn, naming each; [] when nothing is. Checked once
+    per spec (each file's existence is a filesystem call)."""
+    if "_problems" not in self.__dict__:  # frozen: cached past __setattr__
+      problems = unit_problems(self.units)
+      if not callable(self.unit_fn):
+        problems.append(f"unit_fn={self.unit_fn!r} must be a function UnitTensors -> "
+                        "tf.data.Dataset")
+      self.__dict__["_problems"] = problems
+    return list(self.__dict__["_problems"])
+
+  def first_unit_dataset(self) -> Any:
+    """What `unit_fn` returns for the first unit (built in the current graph), to check it."""
+    unit = self.units[0]
+    return self.unit_fn(UnitTensors(tf.constant(0, tf.int64), tf.constant(unit.path),
+                                    tf.constant(unit.start, tf.int64),
+                                    tf.constant(unit.count, tf.int64)))
 
   def epoch_input(self, num_epochs: int, num_workers: int, worker_id: int, task_name: str,
                   ps_device: str = PS_DEVICE) -> EpochInput:
