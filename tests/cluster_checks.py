@@ -1,5 +1,5 @@
 """Checks shared by the cluster tests: checkpoint values, task summaries, the exact audit, the
-numpy oracle.
+numpy oracle, and the wait for a running job's epochs.
 
 They read what a finished job of tests/tasks/epoch_task.py (examples.train) left in its
 model_dir; `context` (where given) prefixes every failure message (the matrix puts its seed
@@ -9,6 +9,7 @@ there).
 import glob
 import json
 import os
+import time
 from typing import Sequence
 
 import numpy as np
@@ -95,3 +96,11 @@ def mid_epoch_saved_in(model_dir: str, epoch: int) -> bool:
   """Whether the chief has a mid-epoch checkpoint of `epoch` (its checkpoint file names it)."""
   state = os.path.join(model_dir, "mid_epoch", "checkpoint")
   return os.path.exists(state) and f"epoch{epoch:04d}-" in open(state).read()
+
+
+def wait_for_epochs(model_dir: str, n: int, deadline_secs: float = 60.0) -> None:
+  """Waits until the chief's audit holds `n` epochs (a test kills a task after that)."""
+  deadline = time.monotonic() + deadline_secs
+  while time.monotonic() < deadline and len(read_audit(model_dir)) < n:
+    time.sleep(0.05)
+  assert len(read_audit(model_dir)) >= n, f"the job did not finish {n} epoch(s) in time"

@@ -14,19 +14,12 @@ import pytest
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import assert_equals_oracle
+from cluster_checks import assert_equals_oracle, wait_for_epochs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "epoch_task.py")]
 DETECT_SECS = 10  # every survivor must have exited this soon after the kill
-
-
-def _wait_for_epochs(model_dir, n, deadline_secs=60):
-  deadline = time.monotonic() + deadline_secs
-  while time.monotonic() < deadline and len(read_audit(model_dir)) < n:
-    time.sleep(0.05)
-  assert len(read_audit(model_dir)) >= n, f"the job did not finish {n} epoch(s) in time"
 
 
 def _kill_mid_epoch(tmp_path, victim, sync=True, num_ps=1, has_chief=False, shards=(8, 5, 3)):
@@ -40,7 +33,7 @@ def _kill_mid_epoch(tmp_path, victim, sync=True, num_ps=1, has_chief=False, shar
                     timeout_secs=120, fail_fast_secs=DETECT_SECS + 15,
                     log_dir=str(tmp_path / "logs")) as cluster:
     cluster.start(command)
-    _wait_for_epochs(model_dir, 1)
+    wait_for_epochs(model_dir, 1)
     time.sleep(0.6)  # inside epoch 1 (an epoch lasts about 2 s)
     killed_at = cluster.kill_task(victim)
     result = cluster.wait()

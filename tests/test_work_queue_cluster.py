@@ -7,6 +7,7 @@ the workers' recorded unit streams (each worker's batches in the order it took i
 
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from examples import train
 from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import checkpoint_value
+from cluster_checks import checkpoint_value, wait_for_epochs
 
 pytestmark = [pytest.mark.cluster]
 
@@ -103,14 +104,6 @@ def test_asynchronous_units_go_to_the_free_workers(tmp_path):
   assert batches["worker:2"] < min(batches["worker:0"], batches["worker:1"]), batches
 
 
-def _wait_for_epochs(model_dir, n, deadline_secs=90):
-  import time  # pylint: disable=g-import-not-at-top
-  deadline = time.monotonic() + deadline_secs
-  while time.monotonic() < deadline and len(read_audit(model_dir)) < n:
-    time.sleep(0.05)
-  assert len(read_audit(model_dir)) >= n, f"the job did not finish {n} epoch(s) in time"
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_killed_worker_then_a_relaunch_with_fewer_workers_trains_every_unit_once(tmp_path):
@@ -124,8 +117,7 @@ def test_a_killed_worker_then_a_relaunch_with_fewer_workers_trains_every_unit_on
   with LocalCluster(num_workers=3, timeout_secs=120, fail_fast_secs=20,
                     log_dir=str(tmp_path / "logs1")) as cluster:
     cluster.start(command)
-    _wait_for_epochs(model_dir, 1)
-    import time  # pylint: disable=g-import-not-at-top
+    wait_for_epochs(model_dir, 1, deadline_secs=90)
     time.sleep(0.8)  # inside epoch 1
     cluster.kill_task("worker:1")
     first = cluster.wait()
