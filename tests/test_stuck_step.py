@@ -65,17 +65,18 @@ def test_a_step_that_raises_is_no_longer_watched():
 
 
 def test_start_is_idempotent_and_stop_ends_the_thread():
-  watchdog = _watchdog([])
+  # A task name of its own: the other tests' watchdogs (worker:1) may still be winding down.
+  watchdog = StuckStepWatchdog("worker:7", StepWatch(0.6, 0.2, 0.1), lost_after_secs=1000,
+                               exit_fn=[].append)
+  name = "epochsync-stuck-step-worker:7"
   watchdog.start()
   watchdog.start()
-  names = [t.name for t in threading.enumerate() if t.name == "epochsync-stuck-step-worker:1"]
-  assert len(names) == 1
+  assert len([t for t in threading.enumerate() if t.name == name]) == 1
   watchdog.stop()
   deadline = time.monotonic() + 3
-  while time.monotonic() < deadline and any(
-      t.name == "epochsync-stuck-step-worker:1" for t in threading.enumerate()):
+  while time.monotonic() < deadline and any(t.name == name for t in threading.enumerate()):
     time.sleep(0.05)
-  assert not any(t.name == "epochsync-stuck-step-worker:1" for t in threading.enumerate())
+  assert not any(t.name == name for t in threading.enumerate())
 
 
 def _marked(lost_after=0.3):
