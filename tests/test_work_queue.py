@@ -68,11 +68,15 @@ class _Queue:
     self.session.run(init)
 
   def claim(self, epoch, worker, seq, at=0, finished=(-1, 0, 0)):
+    return self.claim_and_skip(epoch, worker, seq, at, finished)[0]
+
+  def claim_and_skip(self, epoch, worker, seq, at=0, finished=(-1, 0, 0)):
     ops = self.ops
-    return int(self.session.run(ops.claim, {
+    unit, skip = self.session.run(ops.claim, {
         ops.epoch: epoch, ops.worker: worker, ops.seq: seq, ops.at_batch: at,
         ops.finished: finished[0], ops.finished_batches: finished[1],
-        ops.finished_examples: finished[2]}))
+        ops.finished_examples: finished[2]})
+    return int(unit), int(skip)
 
   def state(self):
     return self.session.run(self.ops.state)
@@ -156,11 +160,11 @@ def test_claims_with_1ms_deadlines_from_8_claimers_hand_out_every_unit_once():
           real.run(init)
         ready.wait()
         for epoch in range(epochs):
-          unit, batches = claims.claim(session, epoch, 0), 0
+          unit, batches = claims.claim(session, epoch, 0).unit, 0
           while unit >= 0:
             results[(epoch, worker_id)].append(unit)
             batches += 1
-            unit = claims.claim(session, epoch, batches, (unit, 1, 1))
+            unit = claims.claim(session, epoch, batches, (unit, 1, 1)).unit
           if epoch + 1 < epochs:
             ready.wait()  # the epoch barrier: nobody claims epoch e+1 before all ended e
     except Exception as e:  # pylint: disable=broad-except

@@ -16,7 +16,7 @@ from examples import train
 from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import checkpoint_value, wait_for_epochs
+from cluster_checks import checkpoint_value, mid_epoch_saved_in, wait_for_epochs
 
 pytestmark = [pytest.mark.cluster]
 
@@ -107,7 +107,7 @@ def test_asynchronous_units_go_to_the_free_workers(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_killed_worker_then_a_relaunch_with_fewer_workers_trains_every_unit_once(tmp_path):
-  """Epoch 1 dies with worker:1 (SIGKILL mid-epoch; no mid-epoch checkpoints with a queue yet),
+  """Epoch 1 dies with worker:1 (SIGKILL mid-epoch; no mid-epoch checkpoint in this job),
   the job is relaunched from the epoch checkpoint with 2 workers instead of 3 (the queue's
   state, saved with the model, starts the epoch again): each epoch's audit lists every unit
   once, and the parameters equal the oracle of epoch 0 (3 workers) then epochs 1-2 (2)."""
@@ -140,3 +140,88 @@ def test_a_killed_worker_then_a_relaunch_with_fewer_workers_trains_every_unit_on
     assert line["global_step"] == steps
   for name, value in params.items():
     np.testing.assert_allclose(checkpoint_value(audit[-1]["checkpoint"], name), value, atol=1e-5)
+
+
+def _steps_of(audit_line):
+  """A synchronous epoch's steps, rebuilt from its audit: batch k of a unit went into step
+  first_batch + k of the worker that trained it. Before a resume, those of the units done and
+  the parts (unit_parts) of those in flight; after it, every unit from its resumed_after."""
+  inputs, labels = train.unit_arrays("linear", UNITS, BATCH, FEATURES)
+  starts = np.cumsum([0] + UNITS[:-1]) * BATCH
+  placed = []  # (step, unit, k)
+  for part in audit_line.get("unit_parts", []):
+    placed += [(part["first_batch"] + k, part["index"], k) for k in range(part["from"], part["to"])]
+  for u in audit_line["units"]:
+    placed += [(u["first_batch"] + k, u["index"], k)
+               for k in range(u.get("resumed_after", 0), u["batches"])]
+  assert len(placed) == sum(UNITS) == len({(i, k) for _, i, k in placed}), "a batch twice"
+  steps = [[] for _ in range(max(s for s, _, _ in placed) + 1)]
+  for step, index, k in placed:
+    row = starts[index] + k * BATCH
+    steps[step].append((inputs[row:row + BATCH], labels[row:row + BATCH]))
+  assert all(steps), "a step without a batch"
+  return steps
+
+
+def _resumed_run(tmp_path, sync, workers_after):
+  """3 workers, a mid-epoch checkpoint every 2 steps; worker:1 killed after one of epoch 1;
+  relaunched with `workers_after` workers. Returns the model_dir and the audit."""
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
+                    "--epochsync_num_epochs=2", f"--epochsync_sync={sync}",
+                    "--epochsync_save_checkpoint_secs=0", "--epochsync_save_checkpoint_steps=2"]
+  with LocalCluster(num_workers=3, timeout_secs=120, fail_fast_secs=30,
+                    log_dir=str(tmp_path / "logs1")) as cluster:
+    cluster.start(command + ["--step_sleep_secs=0.15"])
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not mid_epoch_saved_in(model_dir, 1):
+      time.sleep(0.05)
+    assert len(read_audit(model_dir)) == 1, "the kill did not land in epoch 1"
+    cluster.kill_task("worker:1")
+    cluster.wait()
+  with LocalCluster(num_workers=workers_after, timeout_secs=120,
+                    log_dir=str(tmp_path / "logs2")) as cluster:
+    cluster.start(command + ["--step_sleep_secs=0"])
+    cluster.wait().check()
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1]
+  for line in audit:
+    assert sorted(u["index"] for u in line["units"]) == list(range(len(UNITS))), line["units"]
+    for u in line["units"]:
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
+  assert audit[1]["attempts"] == [1, 2], audit[1]
+  assert len(audit[1]["workers"]) == workers_after
+  return model_dir, audit
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers_after", [3, 2], ids=["same-workers", "fewer-workers"])
+def test_a_synchronous_queue_resumes_its_mid_epoch_checkpoint_exactly(tmp_path, workers_after):
+  """The relaunch finishes the units in flight from the step the checkpoint holds and hands
+  out the rest, with as many workers as before or fewer: every batch once, and the model equals
+  the oracle of the steps the audit records (both attempts)."""
+  model_dir, audit = _resumed_run(tmp_path, True, workers_after)
+  resumed = audit[1]
+  assert any(u.get("before_resume") for u in resumed["units"]), resumed["units"]
+  params, steps = {"w": np.zeros(FEATURES), "b": np.zeros(())}, 0
+  for line in audit:
+    epoch_steps = _steps_of(line)
+    for step_batches in epoch_steps:  # lockstep_sgd over one step: the mean of its gradients
+      params, _ = oracle.lockstep_sgd(params, [[b] for b in step_batches],
+                                      oracle.linear_mse_gradients, learning_rate=LR)
+    steps += len(epoch_steps)
+    assert line["global_step"] == steps, (line["global_step"], steps)
+  for name, value in params.items():
+    np.testing.assert_allclose(checkpoint_value(audit[-1]["checkpoint"], name), value, atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_an_asynchronous_queue_resumes_its_mid_epoch_checkpoint_with_every_unit_once(tmp_path):
+  """Asynchronous: each unit in flight resumes after its owner's applied batches; an update
+  in flight at the save may be in the model or not (as with static shards)."""
+  model_dir, audit = _resumed_run(tmp_path, False, 3)
+  parts = audit[1].get("unit_parts", [])
+  resumed = [u for u in audit[1]["units"] if u.get("resumed_after")]
+  assert len(parts) == len(resumed), (parts, resumed)
+  steps = checkpoint_value(audit[-1]["checkpoint"], "global_step")
+  assert abs(steps - 2 * sum(UNITS)) <= 3, steps

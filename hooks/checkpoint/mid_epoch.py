@@ -43,6 +43,7 @@ MAX_TO_KEEP = 2
 # worker count, the attempt that started the epoch, the attempt that saved]
 EPOCH, STEPS, WORKERS, FIRST_ATTEMPT, ATTEMPT = range(5)
 EPOCH_SHIFT = 2**32  # applied[i] = epoch * EPOCH_SHIFT + batches applied in that epoch
+POSITION_NAME, APPLIED_NAME = "epochsync/mid_epoch/position", "epochsync/mid_epoch/applied"
 _TIMEOUT_SECS = 60.0
 _NAME = re.compile(r"-epoch(\d+)-\d+$")
 _states: "weakref.WeakKeyDictionary[tf.Graph, Dict[str, tf.Variable]]" = (
@@ -174,7 +175,7 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
     newer = checkpoint_to_restore(self._dir, log=False)
     if not newer:
       return
-    saved = [int(v) for v in tf.train.load_variable(newer, "epochsync/mid_epoch/position")]
+    saved = [int(v) for v in tf.train.load_variable(newer, POSITION_NAME)]
     if saved == position:
       return
     logging.warning(

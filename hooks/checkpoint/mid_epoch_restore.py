@@ -27,7 +27,6 @@ __all__ = ["MidEpochRestoreHook"]
 
 _v1 = tf.compat.v1
 _READ_TIMEOUT_SECS = 60.0
-_POSITION = "epochsync/mid_epoch/position"
 
 
 class MidEpochRestoreHook(_v1.train.SessionRunHook):
@@ -60,7 +59,7 @@ class MidEpochRestoreHook(_v1.train.SessionRunHook):
     if not path:
       return
     held = session.run(self._read_position, options=run_options(_READ_TIMEOUT_SECS))
-    if np.array_equal(held, tf.train.load_variable(path, _POSITION)):
+    if np.array_equal(held, tf.train.load_variable(path, mid_epoch.POSITION_NAME)):
       return  # The session creator restored it (tf-epochsync's own).
     start = time.monotonic()
     # The Scaffold's saver (no new ops: the graph is final), as the mid-epoch save used it.

@@ -4,6 +4,8 @@ The chief restores a mid-epoch checkpoint (hooks.checkpoint.mid_epoch); at sessi
 reads the position it holds and skips the batches of its shard the checkpoint includes
 (synchronous: min(S, shard); asynchronous: its own applied count), after checking the worker
 count and its shard's size. Asynchronous training counts each worker's applied batches here.
+With a work queue a worker skips no shard: it starts at the step position (S, or 0 when
+asynchronous) and the units in flight skip their own batches (hooks.checkpoint.unit_resume).
 
 Typical usage (hooks.epoch_sync_hooks does this):
   resume = MidEpochResume(epoch_input, num_workers, worker_id, count_applied=not sync)
@@ -21,6 +23,7 @@ from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError
 from hooks.checkpoint.mid_epoch import EPOCH, EPOCH_SHIFT, MID_EPOCH_DIR, STEPS, WORKERS
 from hooks.faults.waiting import run_options
+from hooks.workqueue.unit_passes import work_queue_of
 
 __all__ = ["MidEpochResume"]
 
@@ -49,6 +52,7 @@ class MidEpochResume(_v1.train.SessionRunHook, EpochListener):
     self._input, self._n, self._id, self._ps = epoch_input, num_workers, worker_id, ps_device
     self.task_name = (worker_names or [f"worker:{i}" for i in range(num_workers)])[worker_id]
     self._count_applied = count_applied
+    self._by_unit = work_queue_of(epoch_input) is not None  # Units skip their own batches.
     self._cardinality = 0  # The shard's cardinality as read at session start (< 0 unknown).
     epoch_input.add_listener(self)
 
@@ -76,6 +80,8 @@ class MidEpochResume(_v1.train.SessionRunHook, EpochListener):
 
   def _check_and_skip(self, epoch: int, position, saved: int, applied: int,
                       cardinality: int) -> int:
+    if self._by_unit:  # A work queue: any worker count; the units in flight skip (unit_resume).
+      return max(position[STEPS], 0)  # The workers' position: step S, or 0 (asynchronous).
     what_to_do = ("resume from the last epoch checkpoint instead (delete <model_dir>/"
                   f"{MID_EPOCH_DIR}; the epoch is then trained again from its start)")
     if position[WORKERS] != self._n:

@@ -21,7 +21,7 @@ from hooks.config import preflight
 from hooks.data import input_graph
 from hooks.data import step_gate
 from hooks.data.epoch_listener import EpochStats
-from hooks.data.passes import PassEnd
+from hooks.data.passes import PassEnd, PassStart
 from hooks.errors import EpochIncompleteError, raise_if_problems
 from hooks.faults.waiting import run_options
 
@@ -108,12 +108,15 @@ class EpochDriverHook(_v1.train.SessionRunHook):
     while self._epoch < self._input.num_epochs:
       self._started_at = time.time()
       self._skipped, self._skip = self._skip, 0  # Counted in the epoch's batches.
-      self._skipped_examples = self._count_skipped_examples(session)
+      by_pass = self._input.passes.skips_by_pass
+      self._skipped_examples = 0 if by_pass else self._count_skipped(session, {}, self._skipped)
       self._batches, self._examples = self._skipped, self._skipped_examples
-      self._pass_batches = self._pass_examples = 0
+      start = self._input.passes.first_pass(session, self._epoch, self._batches)
+      skip = self._skipped if start.skip is None else start.skip
       has_value = session.run(self._start_and_preload, {
-          self._input._epoch_value: self._epoch, self._input._skip: self._skipped,
-          **self._input.passes.first_pass(session, self._epoch)})["has_next"]
+          self._input._epoch_value: self._epoch, self._input._skip: skip,
+          **start.feeds})["has_next"]
+      self._pass_started(session, start)
       for listener in self._input.listeners:
         listener.epoch_started(session, self._epoch)
       if has_value or self._next_pass_with_data(session):
@@ -129,22 +132,31 @@ class EpochDriverHook(_v1.train.SessionRunHook):
     Bounded by the source: each pass it gives is a new one (a work queue: a new unit)."""
     while True:
       ended = PassEnd(self._pass_batches, self._pass_examples, self._batches)
-      feeds = self._input.passes.next_pass(session, self._epoch, ended)
-      if feeds is None:
+      start = self._input.passes.next_pass(session, self._epoch, ended)
+      if start is None:
         return False
-      self._pass_batches = self._pass_examples = 0
-      if session.run(self._start_pass, feeds)["has_next"]:
+      has_next = session.run(self._start_pass, {self._input._skip: start.skip or 0,
+                                                **start.feeds})["has_next"]
+      self._pass_started(session, start)
+      if has_next:
         return True
 
-  def _count_skipped_examples(self, session) -> int:
-    """The examples of the batches an earlier attempt trained (0 when none are skipped)."""
-    if not self._skipped:
+  def _pass_started(self, session, start: PassStart) -> None:
+    """A pass resumed after `start.skip` batches: they count in the pass, not in the steps."""
+    skip = start.skip or 0
+    self._pass_batches = skip
+    self._pass_examples = self._count_skipped(session, start.feeds, skip) if skip else 0
+
+  def _count_skipped(self, session, feeds: Dict[Any, Any], skip: int) -> int:
+    """The examples of the `skip` first batches of a pass (0 when none are skipped): batches an
+    earlier attempt trained."""
+    if not skip:
       return 0
     start = time.monotonic()
     examples = int(session.run(self._input._skipped_examples,
-                               {self._input._skip: self._skipped}))
+                               {self._input._skip: skip, **feeds}))
     logging.info("%s: the %d batches of epoch %d trained before the resume hold %d examples "
-                 "(counted in %.2f s)", self._input.task_name, self._skipped, self._epoch,
+                 "(counted in %.2f s)", self._input.task_name, skip, self._epoch,
                  examples, time.monotonic() - start)
     return examples
 

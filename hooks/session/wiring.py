@@ -27,13 +27,13 @@ from hooks.epoch.summaries import EpochSummaryHook
 from hooks.checkpoint.mid_epoch import MidEpochSaveHook
 from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
 from hooks.checkpoint.mid_epoch_resume import MidEpochResume
+from hooks.checkpoint.unit_resume import UnitResumeHook
 from hooks.epoch.progress import EpochProgressHook
 from hooks.faults.recovery_guard import RecoveryGuardHook
 from hooks.faults.step_watch import StepWatch
 from hooks.faults.stuck_step import StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.config.settings import EpochSyncSettings
-from hooks import log as logging
 from hooks.workqueue.audit import audit_work_queue
 from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
 
@@ -59,7 +59,9 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   A RecoveryGuardHook goes first (with TensorFlow's own session creators it refuses a
   re-created session and ends a task whose session recovery spins on a dead task), then on the
   chief a MidEpochRestoreHook (with TensorFlow's own ChiefSessionCreator, which restores only
-  epoch checkpoints, it restores a newer mid-epoch one), then a RunStartHook (the chief cleans
+  epoch checkpoints, it restores a newer mid-epoch one) and, with a work queue, the
+  UnitResumeHook (units the checkpoint holds in part are handed out again after the batches it
+  holds), then a RunStartHook (the chief cleans
   what an earlier run left on the ps tasks, the workers wait for it), then `sync_hook` (the
   sync optimizer's `make_session_run_hook`), so the chief's gradient aggregation runs before
   any epoch work; `epoch_input.hook` goes last.
@@ -110,6 +112,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   hooks: List[tf.compat.v1.train.SessionRunHook] = [guard]
   if config.is_chief and model_dir:  # Before the run starts: the workers then read its state.
     hooks.append(MidEpochRestoreHook(model_dir, config.num_workers))
+    if queue is not None:
+      hooks.append(UnitResumeHook(queue, model_dir, barrier, config.worker_names))
   hooks.append(start)
   if isinstance(sync_hook, AggregationGroup):  # Several sync optimizers (e.g. wide & deep).
     hooks += sync_hook.hooks
@@ -119,11 +123,6 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   sync = sync_hook if hasattr(sync_hook, "on_aggregated") else None
   # Synchronous training saves between two aggregations: only with the optimizer's hook here.
   mid_epoch = bool(model_dir and (secs or steps) and (sync is not None or not settings.sync))
-  if mid_epoch and queue is not None:
-    mid_epoch = False
-    if config.is_chief:
-      logging.info("%s: no mid-epoch checkpoints with a work queue yet (hooks.workqueue): the "
-                   "chief saves at every epoch's end, with the queue's state", config.task_name)
   if mid_epoch:  # A resume skips by position: the order must be the same on a rerun.
     determinism.warn_if_nondeterministic(epoch_input.dataset, config.task_name)
   resume = MidEpochResume(epoch_input, **common, count_applied=mid_epoch and sync is None)

@@ -32,6 +32,7 @@ class UnitAudit:
   def __call__(self, session, epoch: int, arrivals: Dict[str, EpochStats]) -> Dict[str, object]:
     state = session.run(self._passes.claims.state, options=run_options(_READ_TIMEOUT_SECS))
     units, problems = self._units(state), []
+    offset = int(state["resumed_step"])  # Every worker's batch count started there.
     if int(state["epoch"]) != epoch:
       problems.append(f"the queue on ps:0 is in epoch {int(state['epoch'])}, not {epoch}")
     handed = int(state["next"])
@@ -41,30 +42,44 @@ class UnitAudit:
                           str(self._passes.units[i]) for i in state["order"][handed:][:5]))
     problems += [f"unit {u['unit']} was taken by {u['worker']} but never finished"
                  for u in units if u["batches"] < 0]
-    problems += self._count_problems(units, arrivals)
+    problems += self._count_problems(units, arrivals, offset)
     if problems:
       raise WorkQueueError(f"the work queue's epoch {epoch} is not exact: " + "; ".join(problems))
     return {"units": units}
 
   def _units(self, state) -> List[Dict[str, object]]:
-    out = []
-    for index in state["order"][:int(state["next"])]:
+    out, resumed = [], int(state["resumed_next"])
+    for position, index in enumerate(state["order"][:int(state["next"])]):
       owner = int(state["owner"][index])
-      out.append({"unit": str(self._passes.units[index]), "index": int(index),
-                  "worker": self._names[owner] if owner >= 0 else None,
-                  "first_batch": int(state["first_batch"][index]),
-                  "batches": int(state["batches"][index]),
-                  "examples": int(state["examples"][index])})
+      unit = {"unit": str(self._passes.units[index]), "index": int(index),
+              "worker": self._name(owner), "first_batch": int(state["first_batch"][index]),
+              "batches": int(state["batches"][index]),
+              "examples": int(state["examples"][index])}
+      if int(state["skip"][index]):  # Its first batches came from a mid-epoch checkpoint.
+        unit["resumed_after"] = int(state["skip"][index])
+      if position < resumed:  # Trained whole before the epoch's last resume.
+        unit["before_resume"] = True
+      out.append(unit)
     return out
 
-  def _count_problems(self, units, arrivals: Dict[str, EpochStats]) -> List[str]:
+  def _name(self, owner: int) -> Optional[str]:
+    if owner < 0:
+      return None
+    return self._names[owner] if owner < len(self._names) else f"worker:{owner}"
+
+  def _count_problems(self, units, arrivals: Dict[str, EpochStats], offset: int) -> List[str]:
+    """Each worker's units of this attempt add up to what it trained (its examples too, when
+    none of them was resumed: a resumed unit's skipped examples are the unit's, not the
+    worker's); each record range yielded its records."""
     problems = []
     for name, stats in sorted(arrivals.items()):
-      mine = [u for u in units if u["worker"] == name]
-      batches, examples = (sum(u[k] for u in mine) for k in ("batches", "examples"))
-      if (batches, examples) != (stats.batches, stats.examples):
-        problems.append(f"{name} trained {stats.batches} batches / {stats.examples} examples "
-                        f"but its units hold {batches} / {examples}")
+      mine = [u for u in units if u["worker"] == name and not u.get("before_resume")]
+      batches = sum(u["batches"] - u.get("resumed_after", 0) for u in mine)
+      examples = sum(u["examples"] for u in mine)
+      resumed = any("resumed_after" in u for u in mine)
+      if batches != stats.batches - offset or (not resumed and examples != stats.examples):
+        problems.append(f"{name} trained {stats.batches - offset} batches / "
+                        f"{stats.examples} examples but its units hold {batches} / {examples}")
     if self._passes.records_are_examples:
       for u in units:
         count = self._passes.units[u["index"]].count

@@ -8,12 +8,13 @@ ClaimTimeoutError naming the epoch, the worker and ps:0.
 
 Typical usage (hooks.workqueue.passes does it):
   claims = UnitClaims(ops, worker_id=1, task_name="worker:1", timeout_secs=600)
-  unit = claims.claim(session, epoch=0, at_batch=0)                  # the epoch's first unit
-  unit = claims.claim(session, 0, at_batch=12, finished=(unit, 12, 96))  # the next, or -1
+  unit, skip = claims.claim(session, epoch=0, at_batch=0)       # the epoch's first unit
+  unit, skip = claims.claim(session, 0, at_batch=12, finished=(unit, 12, 96))  # next, or -1
+(skip: the unit's batches a resumed mid-epoch checkpoint already holds, 0 otherwise)
 """
 
 import time
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
@@ -22,7 +23,7 @@ from hooks.errors import ClaimTimeoutError, EpochSyncError
 from hooks.faults.waiting import run_options
 from hooks.workqueue.queue_graph import QueueOps, STALE
 
-__all__ = ["UnitClaims"]
+__all__ = ["UnitClaims", "Claim"]
 
 _ATTEMPT_SECS = 30.0  # One claim's deadline: a claim waits only for other claims (microseconds).
 _RETRY_PAUSE_SECS = 0.5
@@ -30,29 +31,37 @@ _TRANSIENT = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
               tf.errors.AbortedError, tf.errors.CancelledError)
 
 
+class Claim(NamedTuple):
+  """A claim's answer: the unit (-1: none left) and its batches already trained (a resume)."""
+  unit: int
+  skip: int
+
+
 class UnitClaims:
   """This worker's claims in the current epoch (numbered from 0 per epoch)."""
 
   def __init__(self, ops: QueueOps, worker_id: int, task_name: str, timeout_secs: float,
                attempt_secs: float = _ATTEMPT_SECS):
-    self._ops, self._worker, self.task_name = ops, worker_id, task_name
+    self.ops = ops
+    self._worker, self.task_name = worker_id, task_name
     self._timeout, self._attempt = timeout_secs, min(attempt_secs, timeout_secs)
     self._epoch, self._seq = None, 0
     self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
 
   def claim(self, session, epoch: int, at_batch: int,
-            finished: Optional[Tuple[int, int, int]] = None) -> int:
-    """Records `finished` (unit, batches, examples) and returns the next unit, -1 if none."""
+            finished: Optional[Tuple[int, int, int]] = None) -> Claim:
+    """Records `finished` (unit, batches, examples) and returns the next unit (-1 if none)
+    with its skip."""
     if epoch != self._epoch:
       self._epoch, self._seq = epoch, 0
     unit, batches, examples = finished if finished else (-1, 0, 0)
-    ops = self._ops
+    ops = self.ops
     feeds = {ops.epoch: epoch, ops.worker: self._worker, ops.seq: self._seq,
              ops.at_batch: at_batch, ops.finished: unit, ops.finished_batches: batches,
              ops.finished_examples: examples}
     answer = self._run(session, feeds, epoch)
-    if answer == STALE:
+    if answer.unit == STALE:
       raise EpochSyncError(
           f"{self.task_name} claimed a unit of epoch {epoch} but the work queue on ps:0 is in a "
           "later epoch: this worker is behind the others (a process from an earlier run?); "
@@ -60,13 +69,14 @@ class UnitClaims:
     self._seq += 1
     return answer
 
-  def _run(self, session, feeds, epoch: int) -> int:
+  def _run(self, session, feeds, epoch: int) -> Claim:
     started = time.monotonic()
     attempt = 0
     while True:  # Bounded: each attempt has a deadline, and the retries stop at timeout_secs.
       attempt += 1
       try:
-        return int(session.run(self._ops.claim, feeds, options=run_options(self._attempt)))
+        unit, skip = session.run(self.ops.claim, feeds, options=run_options(self._attempt))
+        return Claim(int(unit), int(skip))
       except _TRANSIENT as e:
         waited = time.monotonic() - started
         if self.liveness is not None:
@@ -79,6 +89,6 @@ class UnitClaims:
               ["ps:0"]) from e
         logging.warning("%s: claim %d of epoch %d got no answer (%s: %s); claiming again (a "
                         "claim is answered once: a retry cannot take a second unit)",
-                        self.task_name, feeds[self._ops.seq], epoch, type(e).__name__,
+                        self.task_name, feeds[self.ops.seq], epoch, type(e).__name__,
                         e.message.splitlines()[0] if e.message else "")
         time.sleep(_RETRY_PAUSE_SECS)

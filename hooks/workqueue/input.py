@@ -24,7 +24,7 @@ from hooks.errors import ConfigError, raise_if_problems
 from hooks.workqueue import queue_graph
 from hooks.workqueue.claims import UnitClaims
 from hooks.workqueue.unit_passes import UnitPasses
-from hooks.workqueue.units import UnitTensors, WorkUnit, unit_problems
+from hooks.workqueue.units import UnitTensors, WorkUnit, fingerprint, unit_problems
 
 __all__ = ["work_queue_input", "WorkQueueSpec", "PS_DEVICE"]
 
@@ -74,7 +74,8 @@ class WorkQueueSpec:
       dataset = tf.data.Dataset.from_tensors(unit).filter(_is_unit).flat_map(batches_of)
       probe = _v1.placeholder(tf.int64, [], "probe_unit")  # unit_fn must give one pass
       cardinality = (probe, batches_of(probe).cardinality())
-    ops = queue_graph.build(len(units), num_workers, self.seed, self.shuffle, ps_device)
+    ops = queue_graph.build(len(units), num_workers, self.seed, self.shuffle, ps_device,
+                            fingerprint(units))
     claims = UnitClaims(ops, worker_id, task_name, self.claim_timeout_secs)
     passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality)
     return EpochInput(dataset, num_epochs, task_name, passes=passes)

@@ -26,13 +26,14 @@ Typical usage (hooks.workqueue.claims runs it):
 
 import dataclasses
 import functools
-from typing import Dict
+from typing import Any, Dict, List, Tuple
 
 import tensorflow as tf
 
 from hooks import graph_keys
+from hooks.errors import ConfigError
 
-__all__ = ["QueueOps", "build", "STALE"]
+__all__ = ["QueueOps", "Layout", "build", "STALE", "MAX_WORKERS", "fingerprint_value"]
 
 _v1 = tf.compat.v1
 STALE = -2  # a claim's answer: the queue is already in a later epoch than the claim's
@@ -40,7 +41,8 @@ STALE = -2  # a claim's answer: the queue is already in a later epoch than the c
 
 @dataclasses.dataclass(frozen=True)
 class QueueOps:
-  """The claim's placeholders and result, and the chief's read of the whole state."""
+  """The claim's placeholders and result, the chief's read of the whole state, and the
+  chief's write of a resumed state (hooks.workqueue.resume)."""
   epoch: tf.Tensor
   worker: tf.Tensor
   seq: tf.Tensor
@@ -48,8 +50,65 @@ class QueueOps:
   finished: tf.Tensor
   finished_batches: tf.Tensor
   finished_examples: tf.Tensor
-  claim: tf.Tensor           # int64: the unit handed out, -1 none left, STALE
-  state: Dict[str, tf.Tensor]  # epoch, order, next, owner, first_batch, batches, examples
+  claim: tf.Tensor           # int64 [2]: the unit handed out (-1 none left, STALE), its skip
+  state: Dict[str, tf.Tensor]  # Layout.parts of the state (epoch, next, order, owner, ...)
+  vector: tf.Tensor          # the whole state vector
+  new_vector: tf.Tensor      # placeholder: a whole state vector for `assign`
+  assign: tf.Tensor          # writes new_vector (the chief, before the run starts)
+  layout: "Layout"
+
+
+MAX_WORKERS = 1024  # Per-worker slots: a checkpoint resumes with any worker count up to this.
+UNIT_FIELDS = ("order", "owner", "first_batch", "batches", "examples", "skip")
+HEADER = ("epoch", "next", "fingerprint", "resumed_next", "resumed_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where each field lives in the state vector of `units` units:
+
+    [epoch, next, fingerprint, resumed_next, resumed_step,
+     order[u], owner[u], first_batch[u], batches[u], examples[u], skip[u],
+     claims[MAX_WORKERS], last[MAX_WORKERS]]
+
+  order: the epoch's order of the units (positions < next are handed out); owner: the worker
+  that took the unit (-1: not yet); first_batch: the owner's epoch batch count when it took the
+  unit, minus the unit's skip (so that its batch k went into the owner's batch first_batch + k);
+  batches, examples: the unit's counts once finished (-1 before); skip: the unit's batches a
+  resumed checkpoint already held; claims/last: each worker's claims this epoch and the unit of
+  its last one; fingerprint: the units' (hooks.workqueue.units.fingerprint); resumed_next:
+  the units done before the epoch's last resume (they keep the owners of an earlier attempt);
+  resumed_step: the synchronous step it resumed at (every worker's batch count starts there).
+  """
+  units: int
+
+  @property
+  def size(self) -> int:
+    return len(HEADER) + len(UNIT_FIELDS) * self.units + 2 * MAX_WORKERS
+
+  def slices(self) -> Dict[str, slice]:
+    out = {name: slice(i, i + 1) for i, name in enumerate(HEADER)}
+    at = len(HEADER)
+    for name in UNIT_FIELDS:
+      out[name] = slice(at, at + self.units)
+      at += self.units
+    out["claims"], out["last"] = slice(at, at + MAX_WORKERS), slice(at + MAX_WORKERS, self.size)
+    return out
+
+  def parts(self, vector) -> Dict[str, Any]:
+    """The fields of `vector` (a tensor or numpy array): header fields are scalars."""
+    return {name: vector[s.start] if name in HEADER else vector[s]
+            for name, s in self.slices().items()}
+
+  def join(self, parts: Dict[str, Any]) -> Tuple[List[Any], List[Any]]:
+    """The header scalars and the field vectors of `parts`, in the vector's order."""
+    return ([parts[name] for name in HEADER],
+            [parts[name] for name in UNIT_FIELDS + ("claims", "last")])
+
+
+def fingerprint_value(fingerprint: str) -> int:
+  """The units' fingerprint (hex) as the int64 the state holds."""
+  return int(fingerprint[:15], 16)
 
 
 def _execute_unrecorded(lock: tf.CriticalSection, fn):
@@ -64,31 +123,38 @@ def _execute_unrecorded(lock: tf.CriticalSection, fn):
   return result
 
 
-_FIELDS = ("order", "owner", "first_batch", "batches", "examples")  # one int64 per unit each
-
-
 def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
-          ps_device: str) -> QueueOps:
+          ps_device: str, fingerprint: str = "0") -> QueueOps:
   """The queue's variable on `ps_device` and its claim, for `num_units` units."""
-  u, w = num_units, num_workers
+  if num_workers > MAX_WORKERS:
+    raise ConfigError(f"a work queue serves at most {MAX_WORKERS} workers, not {num_workers}: "
+                      "use static shards (EpochInput over a dataset) for a larger job")
+  layout = Layout(num_units)
   with _v1.device(ps_device), tf.name_scope("epochsync_workqueue"):
-    # One vector: [epoch, next, order[u], owner[u], first_batch[u], batches[u], examples[u],
-    # claims[w], last[w]]. A claim writes it with one assign: a claim cancelled half-way (its
+    # A claim writes the whole vector with one assign: a claim cancelled half-way (its
     # deadline) changed all of it or nothing.
     state = _v1.get_variable(
-        "epochsync/workqueue/state", [2 + 5 * u + 2 * w], tf.int64,
+        "epochsync/workqueue/state", [layout.size], tf.int64,
         _v1.constant_initializer(-1), trainable=False, use_resource=True)
     _v1.add_to_collection(graph_keys.STATE_VARIABLES, state)
     feeds = {name: _v1.placeholder(tf.int64, [], name) for name in (
         "epoch", "worker", "seq", "at_batch", "finished", "finished_batches",
         "finished_examples")}
     lock = tf.CriticalSection(name="lock", shared_name="epochsync_workqueue_lock")
-    order_of = functools.partial(_order, u, seed, shuffle)
-    result = _execute_unrecorded(lock, lambda: _claim(state, feeds, u, w, order_of))
-    now = state.read_value()
-    parts = dict(zip(_FIELDS, tf.split(now[2:2 + 5 * u], 5)))
-    read = {"epoch": now[0], "next": now[1], **parts}
-  return QueueOps(claim=result, state=read, **feeds)
+    order_of = functools.partial(_order, num_units, seed, shuffle)
+    claim = functools.partial(_claim, state, feeds, layout, order_of,
+                              fingerprint_value(fingerprint))
+    result = _execute_unrecorded(lock, claim)
+    vector = state.read_value()
+    new_vector = _v1.placeholder(tf.int64, [layout.size], "new_state")
+    assign = _execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
+  return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
+                  new_vector=new_vector, assign=assign, layout=layout, **feeds)
+
+
+def _assign(state, vector) -> tf.Tensor:
+  with tf.control_dependencies([state.assign(vector)]):
+    return tf.constant(0, tf.int64)
 
 
 def _order(u: int, seed: int, shuffle: bool, epoch: tf.Tensor) -> tf.Tensor:
@@ -111,32 +177,40 @@ def _put(vector, index, value, when):
       vector, tf.reshape(index, [1, 1]), tf.reshape(value, [1])), vector)
 
 
-def _claim(state, feeds, u: int, w: int, order_of) -> tf.Tensor:
+def _claim(state, feeds, layout: Layout, order_of, fingerprint: int) -> tf.Tensor:
   """The claim's graph (inside the lock): the new state from the old, one assign, the answer."""
-  old = state.read_value()
+  u, old = layout.units, state.read_value()
   epoch = feeds["epoch"]
   fresh = old[0] < epoch  # the epoch's first claim starts its queue
-  started = tf.concat([tf.stack([epoch, tf.constant(0, tf.int64)]), order_of(epoch),
-                       _fills(-1, u), _fills(0, u), _fills(-1, u), _fills(-1, u), _fills(0, w),
-                       _fills(-1, w)], 0)
-  now = tf.where(fresh, started, old)
-  parts = dict(zip(_FIELDS, tf.split(now[2:2 + 5 * u], 5)))
-  claims, last = now[2 + 5 * u:2 + 5 * u + w], now[2 + 5 * u + w:]
-  worker, position = feeds["worker"], now[1]
-  stale = now[0] > epoch
-  new = tf.logical_and(tf.equal(claims[worker], feeds["seq"]), tf.logical_not(stale))
+  started = tf.concat([
+      tf.stack([epoch, tf.constant(0, tf.int64), tf.constant(fingerprint, tf.int64),
+                tf.constant(0, tf.int64), tf.constant(0, tf.int64)]),
+      order_of(epoch), _fills(-1, u), _fills(0, u), _fills(-1, u), _fills(-1, u), _fills(0, u),
+      _fills(0, MAX_WORKERS), _fills(-1, MAX_WORKERS)], 0)
+  parts = layout.parts(tf.where(fresh, started, old))
+  worker, position = feeds["worker"], parts["next"]
+  stale = parts["epoch"] > epoch
+  new = tf.logical_and(tf.equal(parts["claims"][worker], feeds["seq"]), tf.logical_not(stale))
   finished = tf.logical_and(new, feeds["finished"] >= 0)
   has_unit = position < u
   unit = tf.where(has_unit, tf.gather(parts["order"], tf.minimum(position, u - 1)),
                   tf.constant(-1, tf.int64))
   take = tf.logical_and(new, has_unit)
-  written = tf.concat([
-      tf.stack([now[0], tf.where(take, position + 1, position)]), parts["order"],
-      _put(parts["owner"], unit, worker, take),
-      _put(parts["first_batch"], unit, feeds["at_batch"], take),
-      _put(parts["batches"], feeds["finished"], feeds["finished_batches"], finished),
-      _put(parts["examples"], feeds["finished"], feeds["finished_examples"], finished),
-      _put(claims, worker, feeds["seq"] + 1, new), _put(last, worker, unit, new)], 0)
-  answer = tf.where(stale, tf.constant(STALE, tf.int64), tf.where(new, unit, last[worker]))
-  with tf.control_dependencies([state.assign(written)]):
-    return tf.identity(answer)
+  skip_of = lambda i: tf.where(i >= 0, tf.gather(parts["skip"], tf.maximum(i, 0)),
+                               tf.constant(0, tf.int64))
+  written = dict(parts)
+  written["next"] = tf.where(take, position + 1, position)
+  written["owner"] = _put(parts["owner"], unit, worker, take)
+  written["first_batch"] = _put(parts["first_batch"], unit, feeds["at_batch"] - skip_of(unit),
+                                take)
+  written["batches"] = _put(parts["batches"], feeds["finished"], feeds["finished_batches"],
+                            finished)
+  written["examples"] = _put(parts["examples"], feeds["finished"], feeds["finished_examples"],
+                             finished)
+  written["claims"] = _put(parts["claims"], worker, feeds["seq"] + 1, new)
+  written["last"] = _put(parts["last"], worker, unit, new)
+  header, fields = layout.join(written)
+  answer = tf.where(stale, tf.constant(STALE, tf.int64),
+                    tf.where(new, unit, parts["last"][worker]))
+  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
+    return tf.stack([tf.identity(answer), skip_of(answer)])

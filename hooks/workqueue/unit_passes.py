@@ -15,15 +15,17 @@ import tensorflow as tf
 
 from hooks import log as logging
 from hooks.errors import ConfigError
-from hooks.data.passes import PassEnd, PassSource
-from hooks.workqueue.claims import UnitClaims
+from hooks.data.passes import PassEnd, PassSource, PassStart
+from hooks.workqueue.claims import Claim, UnitClaims
 from hooks.workqueue.units import WorkUnit
 
 __all__ = ["UnitPasses", "work_queue_of"]
 
 
 class UnitPasses(PassSource):
-  """A pass per claimed unit, fed through `unit_feed` (the unit's index; -1: no unit)."""
+  """A pass per claimed unit, fed through `unit_feed` (the unit's index; -1: no unit); a unit
+  a mid-epoch checkpoint holds in part starts after its batches trained before."""
+  skips_by_pass = True
 
   def __init__(self, claims: UnitClaims, unit_feed: Any, units: Sequence[WorkUnit],
                task_name: str, records_are_examples: bool = True,
@@ -34,20 +36,19 @@ class UnitPasses(PassSource):
     self._unit = -1
     self.trained: Dict[int, list] = {}  # epoch -> [(unit, batches, examples)], this worker's
 
-  def first_pass(self, session, epoch: int) -> Dict[Any, Any]:
+  def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     self.trained.setdefault(epoch, [])
-    self._unit = self._take(self.claims.claim(session, epoch, at_batch=0), epoch)
+    claim = self._take(self.claims.claim(session, epoch, epoch_batches), epoch)
     self._check_one_pass(session)
-    return {self._feed: self._unit}
+    return PassStart({self._feed: claim.unit}, claim.skip)
 
-  def next_pass(self, session, epoch: int, ended: PassEnd) -> Optional[Dict[Any, Any]]:
+  def next_pass(self, session, epoch: int, ended: PassEnd) -> Optional[PassStart]:
     if self._unit < 0:
       return None  # The queue had no unit left for this worker: none comes back this epoch.
     finished = (self._unit, ended.batches, ended.examples)
     self.trained[epoch].append(finished)
-    self._unit = self._take(self.claims.claim(session, epoch, ended.epoch_batches, finished),
-                            epoch)
-    return None if self._unit < 0 else {self._feed: self._unit}
+    claim = self._take(self.claims.claim(session, epoch, ended.epoch_batches, finished), epoch)
+    return None if claim.unit < 0 else PassStart({self._feed: claim.unit}, claim.skip)
 
   def _check_one_pass(self, session) -> None:
     """Once per session, before the first step: unit_fn's dataset of the first unit this worker
@@ -62,13 +63,16 @@ class UnitPasses(PassSource):
           f"{self.units[self._unit]}: return one pass over the unit's records; remove .repeat() "
           "(every epoch hands each unit out once)")
 
-  def _take(self, unit: int, epoch: int) -> int:
-    if unit >= 0:
-      logging.info("%s took unit %d (%s) in epoch %d", self.task_name, unit, self.units[unit],
-                   epoch)
+  def _take(self, claim: Claim, epoch: int) -> Claim:
+    self._unit = claim.unit
+    if claim.unit >= 0:
+      resumed = (f", resumed after the {claim.skip} batches a checkpoint holds"
+                 if claim.skip else "")
+      logging.info("%s took unit %d (%s) in epoch %d%s", self.task_name, claim.unit,
+                   self.units[claim.unit], epoch, resumed)
     else:
       logging.info("%s: no unit left in epoch %d", self.task_name, epoch)
-    return unit
+    return claim
 
 
 def work_queue_of(epoch_input: Any) -> Optional["UnitPasses"]:

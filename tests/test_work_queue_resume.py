@@ -1,0 +1,142 @@
+"""A restored work queue: which units a mid-epoch checkpoint holds whole, in part or not at all.
+
+The plan (hooks.workqueue.resume_plan) is checked on queue states built by real claims; the
+claims after the chief writes it hand out the units in flight first, each with its skip, then
+the units not started, and never a unit the model holds whole.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hooks.workqueue import queue_graph
+from hooks.workqueue.resume_plan import plan_resume
+
+_v1 = tf.compat.v1
+
+
+class _Queue:
+  """A queue of `units` units on a local session (no shuffle: unit i is the i-th handed out)."""
+
+  def __init__(self, units=6, workers=2):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      self.ops = queue_graph.build(units, workers, 0, False, "/cpu:0", "0" * 16)
+      init = _v1.global_variables_initializer()
+    self.session = _v1.Session(graph=self.graph)
+    self.session.run(init)
+    self.seq = {}
+
+  def claim(self, worker, at, finished=(-1, 0, 0), epoch=0):
+    seq = self.seq.get(worker, 0)
+    self.seq[worker] = seq + 1
+    ops = self.ops
+    unit, skip = self.session.run(ops.claim, {
+        ops.epoch: epoch, ops.worker: worker, ops.seq: seq, ops.at_batch: at,
+        ops.finished: finished[0], ops.finished_batches: finished[1],
+        ops.finished_examples: finished[2]})
+    return int(unit), int(skip)
+
+  def vector(self):
+    return self.session.run(self.ops.vector)
+
+  def write(self, vector):
+    self.session.run(self.ops.assign, {self.ops.new_vector: vector})
+    self.seq = {}
+
+  def parts(self):
+    return self.ops.layout.parts(self.vector())
+
+
+def _synchronous_epoch_until_a_save():
+  """Two workers, units of 3 batches: worker 0 takes 0, 2, 4; worker 1 takes 1, 3, 5."""
+  queue = _Queue()
+  assert queue.claim(0, at=0) == (0, 0)
+  assert queue.claim(1, at=0) == (1, 0)
+  assert queue.claim(0, at=3, finished=(0, 3, 24)) == (2, 0)
+  assert queue.claim(1, at=3, finished=(1, 3, 24)) == (3, 0)
+  assert queue.claim(0, at=6, finished=(2, 3, 24)) == (4, 0)  # worker 0 is one step ahead
+  return queue
+
+
+def test_a_synchronous_save_at_step_s_holds_units_whole_in_part_or_not_at_all():
+  queue = _synchronous_epoch_until_a_save()
+  # Saved after 5 steps: units 0 and 1 whole (steps 0-2), 2 and 3 in part (steps 3-4: 2 of 3
+  # batches), unit 4 (taken for step 6) not at all, unit 5 never handed out.
+  plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 5)
+  assert plan.done == [0, 1]
+  assert plan.in_flight == {2: 2, 3: 2}
+  assert plan.not_started == [4, 5]
+  assert "2 units done, 2 in flight (2 after 2 batches, 3 after 2 batches), 2 not started" in (
+      plan.describe())
+
+
+def test_a_finished_unit_whose_last_batch_the_model_lacks_is_in_flight():
+  queue = _synchronous_epoch_until_a_save()
+  plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 5 if owner else 6)
+  assert plan.done == [0, 1, 2] and plan.in_flight == {3: 2}
+
+
+def test_after_the_resume_the_claims_hand_out_units_in_flight_first_with_their_skip():
+  queue = _synchronous_epoch_until_a_save()
+  plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 5)
+  queue.write(plan.state)
+  parts = queue.parts()
+  assert int(parts["next"]) == 2 and int(parts["resumed_next"]) == 2
+  assert list(parts["owner"][:2]) == [0, 1]  # the done units keep their record
+  # Three workers now (another count than the save's): every one starts at step 5.
+  assert queue.claim(2, at=5) == (2, 2)
+  assert queue.claim(0, at=5) == (3, 2)
+  assert queue.claim(1, at=5) == (4, 0)
+  assert queue.claim(2, at=6, finished=(2, 3, 24)) == (5, 0)
+  assert queue.claim(0, at=6, finished=(3, 3, 24)) == (-1, 0)
+  parts = queue.parts()
+  # first_batch is the owner's position minus the skip: batch k went into step first_batch + k.
+  assert int(parts["first_batch"][2]) == 3 and int(parts["first_batch"][3]) == 3
+  assert int(parts["first_batch"][5]) == 6
+
+
+def test_a_second_resume_counts_the_batches_of_both_attempts():
+  queue = _synchronous_epoch_until_a_save()
+  queue.write(plan_resume(queue.vector(), queue.ops.layout, lambda owner: 5).state)
+  assert queue.claim(1, at=5) == (2, 2)  # worker 1 finishes unit 2's last batch at step 5
+  assert queue.claim(1, at=6, finished=(2, 3, 24)) == (3, 2)  # unit 3 from step 6
+  # Saved after step 6: unit 3's batch 2 (step 6) not yet; after step 7: all 3 of its batches,
+  # but not finished (worker 1 had not asked for its next unit): in flight, with nothing left.
+  plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 6)
+  assert plan.done == [0, 1, 2] and plan.in_flight == {3: 2}
+  plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 7)
+  assert plan.done == [0, 1, 2] and plan.in_flight == {3: 3}
+  assert plan.not_started == [4, 5]
+
+
+def test_asynchronous_positions_are_each_owners_own():
+  queue = _Queue()
+  queue.claim(0, at=0)               # unit 0 to worker 0
+  queue.claim(1, at=0)               # unit 1 to worker 1
+  queue.claim(0, at=3, finished=(0, 3, 24))  # unit 2 to worker 0 at its batch 3
+  applied = {0: 4, 1: 1}
+  plan = plan_resume(queue.vector(), queue.ops.layout, applied.get)
+  assert plan.done == [0] and plan.in_flight == {1: 1, 2: 1}
+  assert plan.not_started == [3, 4, 5]
+
+
+@pytest.mark.parametrize("workers", [1, queue_graph.MAX_WORKERS])
+def test_the_state_has_the_same_size_for_any_worker_count(workers):
+  with tf.Graph().as_default():
+    ops = queue_graph.build(5, workers, 0, True, "/cpu:0")
+  assert ops.vector.shape.as_list() == [queue_graph.Layout(5).size]
+
+
+def test_more_workers_than_the_queue_serves_is_a_config_error():
+  from hooks.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default(), pytest.raises(ConfigError, match="at most 1024 workers"):
+    queue_graph.build(5, queue_graph.MAX_WORKERS + 1, 0, True, "/cpu:0")
+
+
+def test_the_plan_of_a_fresh_epoch_keeps_nothing():
+  queue = _Queue()
+  queue.claim(0, at=0)
+  plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 0)
+  assert plan.done == [] and plan.in_flight == {} and plan.not_started == list(range(6))
+  assert np.array_equal(queue.ops.layout.parts(plan.state)["owner"], [-1] * 6)
