@@ -20,6 +20,7 @@ from hooks.checkpoint.epoch_save import ChiefSaveAfterBarrierHook
 from hooks.checkpoint.mid_epoch import MidEpochSaveHook
 from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
 from hooks.checkpoint.mid_epoch_resume import MidEpochResume
+from hooks.checkpoint.unit_resume import UnitResumeHook
 from hooks.data import determinism
 from hooks.data.epoch_input import EpochInput
 from hooks.workqueue.audit import audit_work_queue
@@ -79,7 +80,8 @@ def session_hooks(estimator, train_spec, eval_spec, config: EpochSyncRunConfig,
   # The RunStartHook (in a cluster) goes before everything, after the RecoveryGuardHook: the
   # chief must drain what an earlier run left on the ps before its aggregation thread starts.
   first = [h for h in epoch_hooks
-           if isinstance(h, (RecoveryGuardHook, MidEpochRestoreHook, RunStartHook))]
+           if isinstance(h, (RecoveryGuardHook, MidEpochRestoreHook, UnitResumeHook,
+                             RunStartHook))]
   rest = [h for h in epoch_hooks[:-1] if h not in first and h not in sync_hooks]
   return first + hooks + rest + [stop, epoch_input.hook], stop, evaluation
 
@@ -158,8 +160,9 @@ def _local_hooks(config: EpochSyncRunConfig, epoch_input: EpochInput, model_dir:
       audit_dir=model_dir, ps_device="")
   secs, steps = settings.save_checkpoint_secs, settings.save_checkpoint_steps
   queue = audit_work_queue(epoch_input, barrier, names)
-  mid_epoch = bool(secs or steps) and queue is None  # none with a work queue yet
-  hooks = [WorkerDoneHook(epoch_input, 1, 0, names, ps_device=""), barrier,
+  mid_epoch = bool(secs or steps)
+  resume = [UnitResumeHook(queue, model_dir, barrier, names)] if queue and model_dir else []
+  hooks = resume + [WorkerDoneHook(epoch_input, 1, 0, names, ps_device=""), barrier,
            MidEpochResume(epoch_input, 1, 0, names, count_applied=mid_epoch, ps_device=""),
            ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners)]
   if mid_epoch:  # A resume skips by position: the order must be the same on a rerun.

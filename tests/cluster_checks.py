@@ -104,3 +104,39 @@ def wait_for_epochs(model_dir: str, n: int, deadline_secs: float = 60.0) -> None
   while time.monotonic() < deadline and len(read_audit(model_dir)) < n:
     time.sleep(0.05)
   assert len(read_audit(model_dir)) >= n, f"the job did not finish {n} epoch(s) in time"
+
+
+def kill_after_a_mid_epoch_save(cluster, model_dir: str, epoch: int, victim: str) -> None:
+  """Kills `victim` once the chief saved a mid-epoch checkpoint of `epoch` (before its end)."""
+  deadline = time.monotonic() + 90
+  while time.monotonic() < deadline and not mid_epoch_saved_in(model_dir, epoch):
+    time.sleep(0.05)
+  assert len(read_audit(model_dir)) == epoch, f"the kill did not land in epoch {epoch}"
+  cluster.kill_task(victim)
+
+
+def unit_steps(audit_line: dict, total_batches: int, batch_of) -> list:
+  """A synchronous work-queue epoch's steps, rebuilt from its audit line: batch k of a unit went
+  into step first_batch + k of the worker that trained it. Before a resume: the units done and
+  the parts (`unit_parts`) of those in flight; after it: every unit from its `resumed_after`.
+  `batch_of(unit_index, k)` gives the batch; each step is the list of its batches."""
+  placed = []  # (step, unit, k)
+  for part in audit_line.get("unit_parts", []):
+    placed += [(part["first_batch"] + k, part["index"], k) for k in range(part["from"], part["to"])]
+  for u in audit_line["units"]:
+    placed += [(u["first_batch"] + k, u["index"], k)
+               for k in range(u.get("resumed_after", 0), u["batches"])]
+  assert len(placed) == total_batches == len({(i, k) for _, i, k in placed}), "a batch twice"
+  steps = [[] for _ in range(max(s for s, _, _ in placed) + 1)]
+  for step, index, k in placed:
+    steps[step].append(batch_of(index, k))
+  assert all(steps), "a step without a batch"
+  return steps
+
+
+def steps_sgd(params: dict, steps: list, gradients, learning_rate: float) -> dict:
+  """The oracle over explicit steps: each applies the mean gradient of its batches."""
+  from hooks.testing import oracle  # pylint: disable=g-import-not-at-top
+  for batches in steps:
+    params, _ = oracle.lockstep_sgd(params, [[b] for b in batches], gradients, learning_rate)
+  return params

@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from cluster_checks import assert_equals_oracle, checkpoint_value, mid_epoch_saved_in
+from cluster_checks import (assert_equals_oracle, checkpoint_value, kill_after_a_mid_epoch_save,
+                            mid_epoch_saved_in)
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
@@ -45,20 +46,12 @@ def _command(model_dir, sync, step_sleep_secs, shards=SHARDS, save_steps=2, task
                  f"--epochsync_sync={str(sync).lower()}"]
 
 
-def _kill_after_a_mid_epoch_save_in_epoch_1(cluster, model_dir, victim):
-  deadline = time.monotonic() + 90
-  while time.monotonic() < deadline and not mid_epoch_saved_in(model_dir, 1):
-    time.sleep(0.05)
-  assert len(read_audit(model_dir)) == 1, "the kill did not land in epoch 1"
-  cluster.kill_task(victim)
-
-
 def _two_attempts(tmp_path, victim, sync=True, task=TASK):
   model_dir = str(tmp_path / "model")
   with LocalCluster(num_workers=3, timeout_secs=90, fail_fast_secs=30,
                     log_dir=str(tmp_path / "logs1")) as first:
     first.start(_command(model_dir, sync, step_sleep_secs=0.15, task=task))
-    _kill_after_a_mid_epoch_save_in_epoch_1(first, model_dir, victim)
+    kill_after_a_mid_epoch_save(first, model_dir, 1, victim)
     first.wait()
   ready = os.path.join(model_dir, "chief-has-a-session")  # STOCK_TASK's, for the relaunch's
   if os.path.exists(ready):  # workers to wait for the new chief (not the killed one's file)

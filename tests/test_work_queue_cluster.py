@@ -16,7 +16,8 @@ from examples import train
 from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import checkpoint_value, mid_epoch_saved_in, wait_for_epochs
+from cluster_checks import (checkpoint_value, kill_after_a_mid_epoch_save, steps_sgd,
+                            unit_steps, wait_for_epochs)
 
 pytestmark = [pytest.mark.cluster]
 
@@ -143,24 +144,12 @@ def test_a_killed_worker_then_a_relaunch_with_fewer_workers_trains_every_unit_on
 
 
 def _steps_of(audit_line):
-  """A synchronous epoch's steps, rebuilt from its audit: batch k of a unit went into step
-  first_batch + k of the worker that trained it. Before a resume, those of the units done and
-  the parts (unit_parts) of those in flight; after it, every unit from its resumed_after."""
   inputs, labels = train.unit_arrays("linear", UNITS, BATCH, FEATURES)
   starts = np.cumsum([0] + UNITS[:-1]) * BATCH
-  placed = []  # (step, unit, k)
-  for part in audit_line.get("unit_parts", []):
-    placed += [(part["first_batch"] + k, part["index"], k) for k in range(part["from"], part["to"])]
-  for u in audit_line["units"]:
-    placed += [(u["first_batch"] + k, u["index"], k)
-               for k in range(u.get("resumed_after", 0), u["batches"])]
-  assert len(placed) == sum(UNITS) == len({(i, k) for _, i, k in placed}), "a batch twice"
-  steps = [[] for _ in range(max(s for s, _, _ in placed) + 1)]
-  for step, index, k in placed:
-    row = starts[index] + k * BATCH
-    steps[step].append((inputs[row:row + BATCH], labels[row:row + BATCH]))
-  assert all(steps), "a step without a batch"
-  return steps
+  rows = lambda index, k: starts[index] + k * BATCH
+  return unit_steps(audit_line, sum(UNITS),
+                    lambda index, k: (inputs[rows(index, k):rows(index, k) + BATCH],
+                                      labels[rows(index, k):rows(index, k) + BATCH]))
 
 
 def _resumed_run(tmp_path, sync, workers_after):
@@ -173,11 +162,7 @@ def _resumed_run(tmp_path, sync, workers_after):
   with LocalCluster(num_workers=3, timeout_secs=120, fail_fast_secs=30,
                     log_dir=str(tmp_path / "logs1")) as cluster:
     cluster.start(command + ["--step_sleep_secs=0.15"])
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not mid_epoch_saved_in(model_dir, 1):
-      time.sleep(0.05)
-    assert len(read_audit(model_dir)) == 1, "the kill did not land in epoch 1"
-    cluster.kill_task("worker:1")
+    kill_after_a_mid_epoch_save(cluster, model_dir, 1, "worker:1")
     cluster.wait()
   with LocalCluster(num_workers=workers_after, timeout_secs=120,
                     log_dir=str(tmp_path / "logs2")) as cluster:
@@ -206,9 +191,7 @@ def test_a_synchronous_queue_resumes_its_mid_epoch_checkpoint_exactly(tmp_path, 
   params, steps = {"w": np.zeros(FEATURES), "b": np.zeros(())}, 0
   for line in audit:
     epoch_steps = _steps_of(line)
-    for step_batches in epoch_steps:  # lockstep_sgd over one step: the mean of its gradients
-      params, _ = oracle.lockstep_sgd(params, [[b] for b in step_batches],
-                                      oracle.linear_mse_gradients, learning_rate=LR)
+    params = steps_sgd(params, epoch_steps, oracle.linear_mse_gradients, LR)
     steps += len(epoch_steps)
     assert line["global_step"] == steps, (line["global_step"], steps)
   for name, value in params.items():
