@@ -1,9 +1,10 @@
 """The work queue's state on ps:0 and its one run, the claim: saved with the model, exactly once.
 
-The state is one int64 vector on ps:0 (in every checkpoint): the epoch it belongs to, the
-epoch's order of the units (a permutation drawn from the seed and the epoch, or the units'
-order), the next position to hand out, and per unit its owner, the owner's batch count when it
-took the unit, and its batches and examples once the owner finished it; per worker, how many
+The state is one int64 vector on ps:0 (in every checkpoint; `Layout` says where each field
+is): the epoch it belongs to, the epoch's order of the units (a permutation drawn from the seed
+and the epoch, or the units' order), the next position to hand out, and per unit its owner, the
+owner's batch count when it took the unit, its batches and examples once the owner finished
+it, and the batches a resumed mid-epoch checkpoint already held (skip); per worker, how many
 claims it made this epoch and the unit of its last one.
 
 A claim is one run on ps:0 alone (its feeds travel in the request, its result in the answer:
@@ -12,16 +13,19 @@ no partition on the worker), inside a `tf.CriticalSection`, so claims never inte
   - the claim records the unit the worker finished (batches, examples), then hands out the next
     unit of the order (-1: none left), as the worker's claim number `seq`;
   - a claim whose `seq` was already answered (its answer was lost: a deadline, a rejected
-    request) answers the same unit again and changes nothing.
+    request) answers the same unit again and changes nothing;
+  - the answer is [unit, its skip].
+The chief's `assign` (in the same critical section) writes a whole resumed state before the
+run starts (hooks.checkpoint.unit_resume).
 A claim computes the whole new state from the old and writes it with one assign, so a claim
 cancelled by its deadline (TensorFlow stops a cancelled run between two ops) changed all of it
 or nothing, and its retry learns which: no unit is lost or handed out twice.
 
 Typical usage (hooks.workqueue.claims runs it):
   ops = build(num_units=64, num_workers=4, seed=7, shuffle=True, ps_device="/job:ps/task:0")
-  unit = session.run(ops.claim, {ops.epoch: 0, ops.worker: 1, ops.seq: 0, ops.at_batch: 0,
-                                 ops.finished: -1, ops.finished_batches: 0,
-                                 ops.finished_examples: 0})
+  unit, skip = session.run(ops.claim, {ops.epoch: 0, ops.worker: 1, ops.seq: 0,
+                                       ops.at_batch: 0, ops.finished: -1,
+                                       ops.finished_batches: 0, ops.finished_examples: 0})
 """
 
 import dataclasses
