@@ -106,12 +106,15 @@ def wait_for_epochs(model_dir: str, n: int, deadline_secs: float = 60.0) -> None
   assert len(read_audit(model_dir)) >= n, f"the job did not finish {n} epoch(s) in time"
 
 
-def kill_after_a_mid_epoch_save(cluster, model_dir: str, epoch: int, victim: str) -> None:
-  """Kills `victim` once the chief saved a mid-epoch checkpoint of `epoch` (before its end)."""
+def kill_after_a_mid_epoch_save(cluster, model_dir: str, epoch: int, victim: str,
+                                delay: float = 0.0) -> None:
+  """Kills `victim` `delay` s after the chief saved a mid-epoch checkpoint of `epoch` (checked
+  to be before the epoch's end)."""
   deadline = time.monotonic() + 90
   while time.monotonic() < deadline and not mid_epoch_saved_in(model_dir, epoch):
     time.sleep(0.05)
   assert len(read_audit(model_dir)) == epoch, f"the kill did not land in epoch {epoch}"
+  time.sleep(delay)
   cluster.kill_task(victim)
 
 

@@ -104,6 +104,11 @@ def pytest_addoption(parser):
       help="The randomized mid-epoch kill matrix runs seeds 0..N-1, each synchronous and "
            "asynchronous (default: seed 0, synchronous; e.g. ./es test "
            "tests/test_mid_epoch_cluster.py --kill-seeds=10).")
+  parser.addoption(
+      "--unit-kill-seeds", type=int, default=None, metavar="N",
+      help="The work queue's randomized mid-epoch kill matrix runs seeds 0..N-1, each "
+           "synchronous and asynchronous (default: none; the fixed resumes run; e.g. ./es test "
+           "tests/test_work_queue_cluster.py --unit-kill-seeds=10).")
 
 
 # Seeds 0..3 once each (the whole suite must stay under 20 minutes): synchronous when seed % 4
@@ -124,7 +129,8 @@ def pytest_generate_tests(metafunc):
     runs = max(1, metafunc.config.getoption("--stress-runs"))
     metafunc.parametrize("stress_run", range(runs), ids=[f"run{i}" for i in range(runs)])
   for fixture, option, default in (("matrix_case", "--matrix-seeds", _DEFAULT_MATRIX),
-                                    ("kill_case", "--kill-seeds", [(0, True)])):
+                                    ("kill_case", "--kill-seeds", [(0, True)]),
+                                    ("unit_kill_case", "--unit-kill-seeds", [])):
     if fixture in metafunc.fixturenames:
       _parametrize_seeds(metafunc, fixture, metafunc.config.getoption(option), default)
   if "estimator_kill_seed" in metafunc.fixturenames:  # Only when asked: ~60 s a seed.

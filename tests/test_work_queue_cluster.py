@@ -6,6 +6,7 @@ the workers' recorded unit streams (each worker's batches in the order it took i
 """
 
 import os
+import random
 import sys
 import time
 
@@ -143,26 +144,29 @@ def test_a_killed_worker_then_a_relaunch_with_fewer_workers_trains_every_unit_on
     np.testing.assert_allclose(checkpoint_value(audit[-1]["checkpoint"], name), value, atol=1e-5)
 
 
-def _steps_of(audit_line):
-  inputs, labels = train.unit_arrays("linear", UNITS, BATCH, FEATURES)
-  starts = np.cumsum([0] + UNITS[:-1]) * BATCH
+def _steps_of(audit_line, units=UNITS):
+  inputs, labels = train.unit_arrays("linear", units, BATCH, FEATURES)
+  starts = np.cumsum([0] + list(units[:-1])) * BATCH
   rows = lambda index, k: starts[index] + k * BATCH
-  return unit_steps(audit_line, sum(UNITS),
+  return unit_steps(audit_line, sum(units),
                     lambda index, k: (inputs[rows(index, k):rows(index, k) + BATCH],
                                       labels[rows(index, k):rows(index, k) + BATCH]))
 
 
-def _resumed_run(tmp_path, sync, workers_after):
-  """3 workers, a mid-epoch checkpoint every 2 steps; worker:1 killed after one of epoch 1;
-  relaunched with `workers_after` workers. Returns the model_dir and the audit."""
+def _resumed_run(tmp_path, sync, workers_after, units=UNITS, save_steps=2, epoch=1,
+                 victim="worker:1", delay=0.0):
+  """3 workers, a mid-epoch checkpoint every `save_steps` steps; `victim` killed `delay` s
+  after one of `epoch`; relaunched with `workers_after` workers. Checks every unit once with
+  all its batches and examples in each epoch; returns the model_dir and the audit."""
   model_dir = str(tmp_path / "model")
-  command = TASK + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
+  command = TASK + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, units)),
                     "--epochsync_num_epochs=2", f"--epochsync_sync={sync}",
-                    "--epochsync_save_checkpoint_secs=0", "--epochsync_save_checkpoint_steps=2"]
+                    "--epochsync_save_checkpoint_secs=0",
+                    f"--epochsync_save_checkpoint_steps={save_steps}"]
   with LocalCluster(num_workers=3, timeout_secs=120, fail_fast_secs=30,
                     log_dir=str(tmp_path / "logs1")) as cluster:
     cluster.start(command + ["--step_sleep_secs=0.15"])
-    kill_after_a_mid_epoch_save(cluster, model_dir, 1, "worker:1")
+    kill_after_a_mid_epoch_save(cluster, model_dir, epoch, victim, delay)
     cluster.wait()
   with LocalCluster(num_workers=workers_after, timeout_secs=120,
                     log_dir=str(tmp_path / "logs2")) as cluster:
@@ -171,12 +175,25 @@ def _resumed_run(tmp_path, sync, workers_after):
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == [0, 1]
   for line in audit:
-    assert sorted(u["index"] for u in line["units"]) == list(range(len(UNITS))), line["units"]
+    assert sorted(u["index"] for u in line["units"]) == list(range(len(units))), line["units"]
     for u in line["units"]:
-      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
-  assert audit[1]["attempts"] == [1, 2], audit[1]
+      assert u["batches"] == units[u["index"]] and u["examples"] == units[u["index"]] * BATCH, u
   assert len(audit[1]["workers"]) == workers_after
   return model_dir, audit
+
+
+def _assert_equals_the_recorded_steps(audit, units=UNITS, context=""):
+  """Synchronous: the global step and the parameters are those of the steps each epoch's audit
+  line records (both attempts of a resumed one)."""
+  params, steps = {"w": np.zeros(FEATURES), "b": np.zeros(())}, 0
+  for line in audit:
+    epoch_steps = _steps_of(line, units)
+    params = steps_sgd(params, epoch_steps, oracle.linear_mse_gradients, LR)
+    steps += len(epoch_steps)
+    assert line["global_step"] == steps, (context, line["global_step"], steps)
+  for name, value in params.items():
+    np.testing.assert_allclose(checkpoint_value(audit[-1]["checkpoint"], name), value, atol=1e-5,
+                               err_msg=context)
 
 
 @pytest.mark.timeout(300)
@@ -185,26 +202,47 @@ def test_a_synchronous_queue_resumes_its_mid_epoch_checkpoint_exactly(tmp_path, 
   """The relaunch finishes the units in flight from the step the checkpoint holds and hands
   out the rest, with as many workers as before or fewer: every batch once, and the model equals
   the oracle of the steps the audit records (both attempts)."""
-  model_dir, audit = _resumed_run(tmp_path, True, workers_after)
+  _, audit = _resumed_run(tmp_path, True, workers_after)
   resumed = audit[1]
+  assert resumed["attempts"] == [1, 2], resumed
   assert any(u.get("before_resume") for u in resumed["units"]), resumed["units"]
-  params, steps = {"w": np.zeros(FEATURES), "b": np.zeros(())}, 0
-  for line in audit:
-    epoch_steps = _steps_of(line)
-    params = steps_sgd(params, epoch_steps, oracle.linear_mse_gradients, LR)
-    steps += len(epoch_steps)
-    assert line["global_step"] == steps, (line["global_step"], steps)
-  for name, value in params.items():
-    np.testing.assert_allclose(checkpoint_value(audit[-1]["checkpoint"], name), value, atol=1e-5)
+  _assert_equals_the_recorded_steps(audit)
 
 
 @pytest.mark.timeout(300)
 def test_an_asynchronous_queue_resumes_its_mid_epoch_checkpoint_with_every_unit_once(tmp_path):
   """Asynchronous: each unit in flight resumes after its owner's applied batches; an update
   in flight at the save may be in the model or not (as with static shards)."""
-  model_dir, audit = _resumed_run(tmp_path, False, 3)
+  _, audit = _resumed_run(tmp_path, False, 3)
+  assert audit[1]["attempts"] == [1, 2], audit[1]
   parts = audit[1].get("unit_parts", [])
   resumed = [u for u in audit[1]["units"] if u.get("resumed_after")]
   assert len(parts) == len(resumed), (parts, resumed)
   steps = checkpoint_value(audit[-1]["checkpoint"], "global_step")
   assert abs(steps - 2 * sum(UNITS)) <= 3, steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_random_kill_points_with_a_work_queue_resume_exactly(tmp_path, unit_kill_case):
+  """Per seed: the units, the save period, the victim (the chief, a worker, ps:0), the kill
+  point (up to 0.3 s after a mid-epoch save of epoch 0 or 1) and the relaunch's worker count
+  (2 to 4); synchronous runs equal the oracle of their recorded steps, asynchronous ones train
+  every unit once with the global step within one update per worker.
+  Opt-in: ./es test tests/test_work_queue_cluster.py --unit-kill-seeds=10"""
+  seed, sync = unit_kill_case
+  rng = random.Random(seed)
+  units = [rng.randint(2, 9) for _ in range(rng.randint(6, 12))]
+  save_steps, epoch = rng.randint(1, 3), rng.randint(0, 1)
+  victim, delay = rng.choice(["worker:0", "worker:1", "worker:2", "ps:0"]), rng.random() * 0.3
+  workers_after = rng.choice([2, 3, 4])
+  what = (f"unit kill seed {seed}: units {units}, save every {save_steps} steps, {victim} "
+          f"killed {delay:.2f} s after a mid-epoch save of epoch {epoch}, relaunched with "
+          f"{workers_after} workers, {'sync' if sync else 'async'}")
+  print(what, flush=True)
+  _, audit = _resumed_run(tmp_path, sync, workers_after, units, save_steps, epoch, victim, delay)
+  if sync:
+    _assert_equals_the_recorded_steps(audit, units, what)
+  else:
+    steps = checkpoint_value(audit[-1]["checkpoint"], "global_step")
+    assert abs(steps - 2 * sum(units)) <= 3, what
