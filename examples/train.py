@@ -32,7 +32,7 @@ from hooks.data.epoch_input import EpochInput
 from hooks.errors import SyncTimeoutError
 from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 from hooks.session.training_session import monitored_training_session
-from hooks.workqueue import WorkUnit, work_queue_input
+from hooks.workqueue import UnitReplay, WorkUnit, work_queue_input
 
 _SHARD_BATCHES = flags.DEFINE_list(
     "shard_batches", ["9", "5", "0"], "Batches in each training worker's shard, by worker id.")
@@ -44,6 +44,8 @@ _UNIT_SEED = flags.DEFINE_integer("unit_seed", 0, "The units' order in each epoc
                                   "from (seed, epoch).")
 _UNIT_SHUFFLE = flags.DEFINE_bool("unit_shuffle", True, "Reshuffle the units every epoch "
                                   "(False: their order as given).")
+_UNIT_REPLAY = flags.DEFINE_string("unit_replay", None, "An audit file (epochsync_epochs.jsonl) "
+                                   "whose assignment of units to workers is imposed again.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per batch.", lower_bound=1)
 _MODEL = flags.DEFINE_enum("model", "linear", ["linear", "embedding"],
                            "linear: dense gradients; embedding: a table partitioned over the "
@@ -112,9 +114,11 @@ def unit_input(model: str, config, settings, unit_batches: Sequence[int]) -> Epo
     rows = tf.data.Dataset.from_tensor_slices((inputs, labels))
     return rows.skip(unit.start).take(unit.count).batch(_BATCH_SIZE.value)
 
+  replay = _UNIT_REPLAY.value and UnitReplay.from_audit(_UNIT_REPLAY.value, len(unit_batches))
   return work_queue_input(work_units(unit_batches, _BATCH_SIZE.value), unit_fn,
                           settings.num_epochs, config.num_workers, config.worker_id,
-                          config.task_name, seed=_UNIT_SEED.value, shuffle=_UNIT_SHUFFLE.value)
+                          config.task_name, seed=_UNIT_SEED.value, shuffle=_UNIT_SHUFFLE.value,
+                          replay=replay or None)
 
 
 def first_epoch_counts(ids, epoch_tensor, vocabulary: int):

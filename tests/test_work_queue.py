@@ -8,6 +8,7 @@ critical section, the same stress hands out units twice: 8 of 2,400 claims in on
 """
 
 import collections
+import json
 import random
 import threading
 
@@ -256,3 +257,39 @@ def test_a_specs_units_are_checked_once(tmp_path, monkeypatch):
   first, second = spec.problems(), spec.problems()
   assert first == second and "does not exist" in first[0]
   assert len(calls) == 1  # each file's existence is a filesystem call
+
+
+def test_a_wanted_unit_is_handed_out_once_and_none_ends_a_replayed_worker():
+  queue = _Queue(units=5, shuffle=False)
+  ops = queue.ops
+
+  def claim(worker, seq, wanted, finished=(-1, 0, 0)):
+    return int(queue.session.run(ops.claim, {
+        ops.epoch: 0, ops.worker: worker, ops.seq: seq, ops.at_batch: 0, ops.wanted: wanted,
+        ops.finished: finished[0], ops.finished_batches: 0, ops.finished_examples: 0})[0])
+
+  assert claim(0, 0, 3) == 3
+  assert claim(1, 0, 3) == -1  # already handed out: none (the audit names what is left)
+  assert claim(1, 1, 0) == 0
+  assert claim(0, 1, queue_graph.NONE, finished=(3, 0, 0)) == -1
+  assert claim(1, 2, queue_graph.ANY) == 2  # the order goes on: [3, 0, 2, 1, 4] after swaps
+  state = queue.state()
+  assert list(state["order"][:3]) == [3, 0, 2] and int(state["next"]) == 3
+  assert sorted(state["order"]) == [0, 1, 2, 3, 4]
+
+
+def test_a_replay_reads_each_workers_units_from_an_audit(tmp_path):
+  from hooks.workqueue import UnitReplay  # pylint: disable=g-import-not-at-top
+  audit = tmp_path / "epochsync_epochs.jsonl"
+  unit = lambda index, worker, first: {"index": index, "worker": worker, "first_batch": first}
+  audit.write_text(json.dumps({"epoch": 0, "units": [
+      unit(2, "worker:0", 0), unit(0, "worker:1", 0), unit(1, "worker:0", 4)]}) + "\n")
+  replay = UnitReplay.from_audit(str(audit), 3)
+  assert replay.units_of(0, "worker:0") == [2, 1] and replay.units_of(0, "worker:1") == [0]
+  assert replay.units_of(0, "worker:2") == [] and replay.units_of(1, "worker:0") is None
+  with pytest.raises(ConfigError, match="not the 4 units of this job"):
+    UnitReplay.from_audit(str(audit), 4)
+  audit.write_text(json.dumps({"epoch": 0, "units": [dict(unit(0, "worker:0", 0),
+                                                          before_resume=True)]}) + "\n")
+  with pytest.raises(ConfigError, match="resumed from a mid-epoch checkpoint"):
+    UnitReplay.from_audit(str(audit), 1)

@@ -27,11 +27,12 @@ UNITS = [9, 1, 4, 6, 2, 7, 3, 5, 1, 8]  # batches per unit (batch 8, the last on
 BATCH, FEATURES, LR = 8, 16, 0.05
 
 
-def _run(tmp_path, sync, num_workers=3, epochs=2, per_task_args=None, step_sleep_secs=0.02):
+def _run(tmp_path, sync, num_workers=3, epochs=2, per_task_args=None, step_sleep_secs=0.02,
+         extra=()):
   model_dir = str(tmp_path / "model")
   command = TASK + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
                     f"--epochsync_num_epochs={epochs}", f"--epochsync_sync={sync}",
-                    f"--step_sleep_secs={step_sleep_secs}"]
+                    f"--step_sleep_secs={step_sleep_secs}"] + list(extra)
   with LocalCluster(num_workers=num_workers, timeout_secs=150,
                     log_dir=str(tmp_path / "logs")) as cluster:
     cluster.start(command, per_task_args=per_task_args or {})
@@ -92,6 +93,26 @@ def test_synchronous_units_are_trained_once_and_equal_the_oracle(tmp_path):
   for line in audit:
     batches = {w: s["batches"] for w, s in line["workers"].items()}
     assert sum(batches.values()) == sum(UNITS)
+
+
+@pytest.mark.timeout(300)
+def test_a_replay_imposes_the_recorded_assignment_and_repeats_the_run(tmp_path):
+  """A run with worker:2 slow, then its audit replayed (--unit_replay) with worker:0 slow
+  instead: every worker takes the units it took before, in the same order, and the model is
+  the same (the step composition follows from each worker's units alone)."""
+  recorded, _ = _run(tmp_path / "recorded", sync=True,
+                     per_task_args={"worker:2": ["--slowdown=4"]})
+  audit_path = os.path.join(recorded, "epochsync_epochs.jsonl")
+  replayed, _ = _run(tmp_path / "replayed", sync=True, extra=[f"--unit_replay={audit_path}"],
+                     per_task_args={"worker:0": ["--slowdown=4"]})
+  assignment = lambda audit: [[(u["index"], u["worker"], u["first_batch"]) for u in line["units"]]
+                              for line in audit]
+  want, got = read_audit(recorded), read_audit(replayed)
+  assert sorted(map(sorted, assignment(got))) == sorted(map(sorted, assignment(want)))
+  assert [line["global_step"] for line in got] == [line["global_step"] for line in want]
+  for name in ("w", "b"):
+    np.testing.assert_allclose(checkpoint_value(got[-1]["checkpoint"], name),
+                               checkpoint_value(want[-1]["checkpoint"], name), atol=1e-6)
 
 
 @pytest.mark.timeout(240)

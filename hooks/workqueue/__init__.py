@@ -8,7 +8,8 @@ Typical usage:
 """
 
 from hooks.workqueue.input import WorkQueueSpec, work_queue_input
+from hooks.workqueue.replay import UnitReplay
 from hooks.workqueue.units import UnitTensors, WorkUnit, fingerprint, unit_problems, units_of_files
 
 __all__ = ["WorkUnit", "UnitTensors", "work_queue_input", "WorkQueueSpec", "units_of_files", "unit_problems",
-           "fingerprint"]
+           "fingerprint", "UnitReplay"]

@@ -21,7 +21,7 @@ import tensorflow as tf
 from hooks import log as logging
 from hooks.errors import ClaimTimeoutError, EpochSyncError
 from hooks.faults.waiting import run_options
-from hooks.workqueue.queue_graph import QueueOps, STALE
+from hooks.workqueue.queue_graph import ANY, QueueOps, STALE
 
 __all__ = ["UnitClaims", "Claim"]
 
@@ -50,16 +50,16 @@ class UnitClaims:
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
 
   def claim(self, session, epoch: int, at_batch: int,
-            finished: Optional[Tuple[int, int, int]] = None) -> Claim:
+            finished: Optional[Tuple[int, int, int]] = None, wanted: int = ANY) -> Claim:
     """Records `finished` (unit, batches, examples) and returns the next unit (-1 if none)
-    with its skip."""
+    with its skip; `wanted`: that unit instead of the next (a replay), or NONE."""
     if epoch != self._epoch:
       self._epoch, self._seq = epoch, 0
     unit, batches, examples = finished if finished else (-1, 0, 0)
     ops = self.ops
     feeds = {ops.epoch: epoch, ops.worker: self._worker, ops.seq: self._seq,
              ops.at_batch: at_batch, ops.finished: unit, ops.finished_batches: batches,
-             ops.finished_examples: examples}
+             ops.finished_examples: examples, ops.wanted: wanted}
     answer = self._run(session, feeds, epoch)
     if answer.unit == STALE:
       raise EpochSyncError(

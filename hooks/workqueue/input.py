@@ -15,7 +15,7 @@ Typical usage (build it inside the worker's graph, as EpochInput):
 """
 
 import dataclasses
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -23,6 +23,7 @@ from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError, raise_if_problems
 from hooks.workqueue import queue_graph
 from hooks.workqueue.claims import UnitClaims
+from hooks.workqueue.replay import UnitReplay
 from hooks.workqueue.unit_passes import UnitPasses
 from hooks.workqueue.units import UnitTensors, WorkUnit, fingerprint, unit_problems
 
@@ -42,6 +43,7 @@ class WorkQueueSpec:
   shuffle: bool = True
   claim_timeout_secs: float = 600.0
   records_are_examples: bool = True
+  replay: Optional[UnitReplay] = None
 
   def problems(self) -> List[str]:
     """What is wrong with the units or unit_fn, naming each; [] when nothing is. Checked once
@@ -77,15 +79,16 @@ class WorkQueueSpec:
     ops = queue_graph.build(len(units), num_workers, self.seed, self.shuffle, ps_device,
                             fingerprint(units))
     claims = UnitClaims(ops, worker_id, task_name, self.claim_timeout_secs)
-    passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality)
+    passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality,
+                        self.replay)
     return EpochInput(dataset, num_epochs, task_name, passes=passes)
 
 
 def work_queue_input(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors], tf.data.Dataset],
                      num_epochs: int, num_workers: int, worker_id: int, task_name: str,
                      seed: int = 0, shuffle: bool = True, claim_timeout_secs: float = 600.0,
-                     records_are_examples: bool = True, ps_device: str = PS_DEVICE
-                     ) -> EpochInput:
+                     records_are_examples: bool = True, ps_device: str = PS_DEVICE,
+                     replay: Optional[UnitReplay] = None) -> EpochInput:
   """An EpochInput whose epochs are the `units`, handed out through a queue on `ps_device`.
 
   Args:
@@ -102,11 +105,14 @@ def work_queue_input(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors],
     records_are_examples: `bool`, the chief's audit requires each record range to yield as
       many examples as it holds records; False if `unit_fn` filters on purpose.
     ps_device: where the queue lives.
+    replay: a `UnitReplay` (hooks.workqueue.replay): each worker takes the units a recorded
+      audit says it trained, in that order.
 
   Raises:
     ConfigError: bad units or arguments, naming each problem.
   """
-  spec = WorkQueueSpec(units, unit_fn, seed, shuffle, claim_timeout_secs, records_are_examples)
+  spec = WorkQueueSpec(units, unit_fn, seed, shuffle, claim_timeout_secs, records_are_examples,
+                       replay)
   return spec.epoch_input(num_epochs, num_workers, worker_id, task_name, ps_device)
 
 

@@ -37,10 +37,12 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks.errors import ConfigError
 
-__all__ = ["QueueOps", "Layout", "build", "STALE", "MAX_WORKERS", "fingerprint_value"]
+__all__ = ["QueueOps", "Layout", "build", "STALE", "ANY", "NONE", "MAX_WORKERS",
+           "fingerprint_value"]
 
 _v1 = tf.compat.v1
 STALE = -2  # a claim's answer: the queue is already in a later epoch than the claim's
+ANY, NONE = -1, -2  # a claim's `wanted`: the next unit of the order, or none (a replay's end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,7 @@ class QueueOps:
   finished: tf.Tensor
   finished_batches: tf.Tensor
   finished_examples: tf.Tensor
+  wanted: tf.Tensor          # ANY (default), NONE, or a unit not handed out yet (a replay)
   claim: tf.Tensor           # int64 [2]: the unit handed out (-1 none left, STALE), its skip
   state: Dict[str, tf.Tensor]  # Layout.parts of the state (epoch, next, order, owner, ...)
   vector: tf.Tensor          # the whole state vector
@@ -144,6 +147,7 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     feeds = {name: _v1.placeholder(tf.int64, [], name) for name in (
         "epoch", "worker", "seq", "at_batch", "finished", "finished_batches",
         "finished_examples")}
+    feeds["wanted"] = _v1.placeholder_with_default(tf.constant(ANY, tf.int64), [], "wanted")
     lock = tf.CriticalSection(name="lock", shared_name="epochsync_workqueue_lock")
     order_of = functools.partial(_order, num_units, seed, shuffle)
     claim = functools.partial(_claim, state, feeds, layout, order_of,
@@ -181,6 +185,23 @@ def _put(vector, index, value, when):
       vector, tf.reshape(index, [1, 1]), tf.reshape(value, [1])), vector)
 
 
+def _bring_wanted(order, position, wanted, u: int):
+  """(the order with unit `wanted` swapped to `position`, whether a unit is there for the
+  claim). ANY: the order as it is; NONE: no unit; a unit already handed out: no unit (the
+  chief's audit then names the units never handed out)."""
+  matches = tf.equal(order, wanted)
+  at = tf.argmax(tf.cast(matches, tf.int64), output_type=tf.int64)
+  left = position < u
+  movable = tf.logical_and(tf.reduce_any(matches), at >= position)
+  here = tf.minimum(position, u - 1)
+  swapped = tf.tensor_scatter_nd_update(order, tf.reshape(tf.stack([here, at]), [2, 1]),
+                                        tf.stack([order[at], order[here]]))
+  specific = wanted >= 0
+  order = tf.where(tf.logical_and(specific, tf.logical_and(left, movable)), swapped, order)
+  has_unit = tf.logical_and(left, tf.where(specific, movable, tf.equal(wanted, ANY)))
+  return order, has_unit
+
+
 def _claim(state, feeds, layout: Layout, order_of, fingerprint: int) -> tf.Tensor:
   """The claim's graph (inside the lock): the new state from the old, one assign, the answer."""
   u, old = layout.units, state.read_value()
@@ -196,14 +217,15 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int) -> tf.Tenso
   stale = parts["epoch"] > epoch
   new = tf.logical_and(tf.equal(parts["claims"][worker], feeds["seq"]), tf.logical_not(stale))
   finished = tf.logical_and(new, feeds["finished"] >= 0)
-  has_unit = position < u
-  unit = tf.where(has_unit, tf.gather(parts["order"], tf.minimum(position, u - 1)),
+  order, has_unit = _bring_wanted(parts["order"], position, feeds["wanted"], u)
+  unit = tf.where(has_unit, tf.gather(order, tf.minimum(position, u - 1)),
                   tf.constant(-1, tf.int64))
   take = tf.logical_and(new, has_unit)
   skip_of = lambda i: tf.where(i >= 0, tf.gather(parts["skip"], tf.maximum(i, 0)),
                                tf.constant(0, tf.int64))
   written = dict(parts)
   written["next"] = tf.where(take, position + 1, position)
+  written["order"] = tf.where(take, order, parts["order"])
   written["owner"] = _put(parts["owner"], unit, worker, take)
   written["first_batch"] = _put(parts["first_batch"], unit, feeds["at_batch"] - skip_of(unit),
                                 take)

@@ -17,6 +17,8 @@ from hooks import log as logging
 from hooks.errors import ConfigError
 from hooks.data.passes import PassEnd, PassSource, PassStart
 from hooks.workqueue.claims import Claim, UnitClaims
+from hooks.workqueue.queue_graph import ANY, NONE
+from hooks.workqueue.replay import UnitReplay
 from hooks.workqueue.units import WorkUnit
 
 __all__ = ["UnitPasses", "work_queue_of"]
@@ -29,8 +31,10 @@ class UnitPasses(PassSource):
 
   def __init__(self, claims: UnitClaims, unit_feed: Any, units: Sequence[WorkUnit],
                task_name: str, records_are_examples: bool = True,
-               cardinality: Optional[Tuple[Any, Any]] = None):
+               cardinality: Optional[Tuple[Any, Any]] = None,
+               replay: Optional[UnitReplay] = None):
     self.claims, self._feed, self.units, self.task_name = claims, unit_feed, units, task_name
+    self._replay, self._replayed = replay, None  # The units this worker takes this epoch.
     self.records_are_examples = records_are_examples
     self._cardinality, self._checked = cardinality, False  # (unit feed, unit_fn's cardinality)
     self._unit = -1
@@ -38,7 +42,9 @@ class UnitPasses(PassSource):
 
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     self.trained.setdefault(epoch, [])
-    claim = self._take(self.claims.claim(session, epoch, epoch_batches), epoch)
+    self._replayed = self._replay.units_of(epoch, self.task_name) if self._replay else None
+    claim = self._take(self.claims.claim(session, epoch, epoch_batches,
+                                         wanted=self._wanted()), epoch)
     self._check_one_pass(session)
     return PassStart({self._feed: claim.unit}, claim.skip)
 
@@ -47,8 +53,16 @@ class UnitPasses(PassSource):
       return None  # The queue had no unit left for this worker: none comes back this epoch.
     finished = (self._unit, ended.batches, ended.examples)
     self.trained[epoch].append(finished)
-    claim = self._take(self.claims.claim(session, epoch, ended.epoch_batches, finished), epoch)
+    claim = self._take(self.claims.claim(session, epoch, ended.epoch_batches, finished,
+                                         self._wanted()), epoch)
     return None if claim.unit < 0 else PassStart({self._feed: claim.unit}, claim.skip)
+
+  def _wanted(self) -> int:
+    """ANY, or in a replayed epoch the next unit this worker trained then (NONE after its
+    last)."""
+    if self._replayed is None:
+      return ANY
+    return self._replayed.pop(0) if self._replayed else NONE
 
   def _check_one_pass(self, session) -> None:
     """Once per session, before the first step: unit_fn's dataset of the first unit this worker
