@@ -4,11 +4,12 @@
                              overhead 10 min, barrier 5, its floor 1, uneven 9, growth 3: about 28 minutes)
   ./es bench --full          + the 0.1M/10M MLPs, the CTR model, async with vs without the hooks,
                              start-up at 2/4/8 workers, the input's overhead, a mid-epoch
-                             resume's skip and save, the work queue with a half-speed worker
-                             (about 45 minutes more)
+                             resume's skip and save, the work queue with a half-speed worker,
+                             its synchronous steps on Zipf-sized files and the cost of a claim
+                             (about 55 minutes more)
   ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
-                             save_stall, run_cost, work_queue
+                             save_stall, run_cost, work_queue, work_queue_sync, claim_cost
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
@@ -51,6 +52,8 @@ _FULL = {
     "run_cost": ("bench.run_cost", ["--output={out}.json"]),
     "work_queue": ("bench.work_queue", ["--repetitions=2", "--total_batches=480",
                                         "--unit_batches=4,8,16", "--output={out}.json"]),
+    "work_queue_sync": ("bench.work_queue_sync", ["--repetitions=3", "--output={out}.json"]),
+    "claim_cost": ("bench.claim_cost", ["--claimers=2,8,32", "--output={out}.json"]),
 }
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),
