@@ -5,11 +5,13 @@ claims after the chief writes it hand out the units in flight first, each with i
 the units not started, and never a unit the model holds whole.
 """
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks.workqueue import queue_graph
+from hooks.workqueue import WorkUnit, fingerprint, queue_graph
 from hooks.workqueue.resume_plan import plan_resume
 
 _v1 = tf.compat.v1
@@ -140,3 +142,66 @@ def test_the_plan_of_a_fresh_epoch_keeps_nothing():
   plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 0)
   assert plan.done == [] and plan.in_flight == {} and plan.not_started == list(range(6))
   assert np.array_equal(queue.ops.layout.parts(plan.state)["owner"], [-1] * 6)
+
+
+class _Barrier:
+  def add_chief_action(self, action):
+    self.action = action
+
+
+def _checkpoint_with_a_queue(model_dir, units):
+  """A mid-epoch checkpoint of epoch 1 (synchronous step 3) whose queue handed out unit 0."""
+  from hooks.checkpoint import mid_epoch  # pylint: disable=g-import-not-at-top
+  graph = tf.Graph()
+  with graph.as_default():
+    ops = queue_graph.build(len(units), 2, 0, False, "", fingerprint(units))
+    position = mid_epoch.state(2, "")["position"]
+    _v1.train.create_global_step()
+    saver = _v1.train.Saver()
+    init = _v1.global_variables_initializer()
+  with _v1.Session(graph=graph) as session:
+    session.run(init)
+    session.run(ops.claim, {ops.epoch: 1, ops.worker: 0, ops.seq: 0, ops.at_batch: 0,
+                            ops.finished: -1, ops.finished_batches: 0, ops.finished_examples: 0})
+    session.run(position.assign([1, 3, 2, 1, 1]))
+    saver.save(session, os.path.join(model_dir, "mid_epoch", "model.ckpt-epoch0001"),
+               global_step=3)
+
+
+def _resume_with(model_dir, units):
+  """UnitResumeHook of a job over `units`, after its session restored the checkpoint."""
+  from hooks.checkpoint import mid_epoch  # pylint: disable=g-import-not-at-top
+  from hooks.checkpoint.unit_resume import UnitResumeHook  # pylint: disable=g-import-not-at-top
+  from hooks.workqueue.input import work_queue_input  # pylint: disable=g-import-not-at-top
+  graph = tf.Graph()
+  with graph.as_default():
+    epoch_input = work_queue_input(units, lambda unit: tf.data.Dataset.range(2).batch(1), 1, 2,
+                                   0, "worker:0", ps_device="")
+    mid_epoch.state(2, "")
+    _v1.train.create_global_step()
+    hook = UnitResumeHook(epoch_input.passes, model_dir, _Barrier(), ["worker:0", "worker:1"])
+    restore = _v1.train.Saver(var_list=[v for v in _v1.global_variables()
+                                        if v.op.name == "epochsync/workqueue/state"])
+    init = _v1.global_variables_initializer()
+  with _v1.Session(graph=graph) as session:
+    session.run(init)
+    if len(units) == 3:
+      restore.restore(session, mid_epoch.checkpoint_to_restore(model_dir))
+    hook.after_create_session(session, None)
+  return hook
+
+
+def test_a_resume_refuses_units_that_changed_since_the_checkpoint(tmp_path):
+  from hooks.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  units = [WorkUnit("", 0, 16), WorkUnit("", 16, 32), WorkUnit("", 32, 48)]
+  model_dir = str(tmp_path)
+  _checkpoint_with_a_queue(model_dir, units)
+  hook = _resume_with(model_dir, units)
+  assert hook.plan.in_flight == {0: 3} and hook.plan.not_started == [1, 2]
+  moved = [WorkUnit("", 0, 16), WorkUnit("", 16, 40), WorkUnit("", 40, 48)]
+  with pytest.raises(ConfigError, match=r"the units changed since the mid-epoch checkpoint of "
+                                        r"epoch 1 was written \(their fingerprint"):
+    _resume_with(model_dir, moved)
+  with pytest.raises(ConfigError, match=r"holds a work queue of another number of units \(3 "
+                                        r"there, 4 here\)"):
+    _resume_with(model_dir, units + [WorkUnit("", 48, 64)])
