@@ -79,7 +79,8 @@ def shard(dataset: tf.data.Dataset, config: EpochSyncRunConfig) -> tf.data.Datas
 
 
 def work_units(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors], tf.data.Dataset],
-               config: EpochSyncRunConfig, seed: int = 0, shuffle: bool = True,
+               config: EpochSyncRunConfig, seed: Optional[int] = None,
+               shuffle: Optional[bool] = None,
                records_are_examples: bool = True) -> WorkQueueSpec:
   """The epoch as `units` handed to whichever worker is free, exactly once (docs/workqueue.md).
 
@@ -89,8 +90,9 @@ def work_units(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors], tf.da
                                         .map(parse).batch(64), config)
 
   Every training task returns the same units; `unit_fn` gets one unit's fields as tensors and
-  returns its batches (one pass). Raises ConfigError on a task that trains nothing (ps,
-  evaluator) and on bad units, naming each problem.
+  returns its batches (one pass). `seed` and `shuffle` default to the RunConfig's settings
+  (--epochsync_unit_seed, --epochsync_unit_shuffle). Raises ConfigError on a task that trains
+  nothing (ps, evaluator) and on bad units, naming each problem.
   """
   if getattr(config, "worker_id", None) is None:
     raise ConfigError(f"work_units: {getattr(config, 'task_name', 'this task')} is not a "

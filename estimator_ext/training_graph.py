@@ -74,7 +74,7 @@ def build_graph(estimator, train_spec, config: EpochSyncRunConfig, graph: tf.Gra
   dataset = estimator._call_input_fn(train_spec.input_fn, _TRAIN)
   if isinstance(dataset, WorkQueueSpec):  # estimator_ext.work_units: units from a queue
     epoch_input = dataset.epoch_input(settings.num_epochs, config.num_workers, config.worker_id,
-                                      task, ps_device="" if config.is_local else PS_DEVICE)
+                                      task, "" if config.is_local else PS_DEVICE, settings)
   else:
     epoch_input = EpochInput(dataset, settings.num_epochs, task)
   features, labels = estimator_util.parse_iterator_result(epoch_input.get_next())

@@ -40,10 +40,6 @@ _UNIT_BATCHES = flags.DEFINE_list(
     "unit_batches", [], "Train through a work queue (hooks.workqueue) instead of static shards: "
     "the epoch's units, by their size in batches; each worker takes the next unit when its "
     "last one ends (replaces --shard_batches).")
-_UNIT_SEED = flags.DEFINE_integer("unit_seed", 0, "The units' order in each epoch is drawn "
-                                  "from (seed, epoch).")
-_UNIT_SHUFFLE = flags.DEFINE_bool("unit_shuffle", True, "Reshuffle the units every epoch "
-                                  "(False: their order as given).")
 _UNIT_REPLAY = flags.DEFINE_string("unit_replay", None, "An audit file (epochsync_epochs.jsonl) "
                                    "whose assignment of units to workers is imposed again.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per batch.", lower_bound=1)
@@ -117,8 +113,7 @@ def unit_input(model: str, config, settings, unit_batches: Sequence[int]) -> Epo
   replay = _UNIT_REPLAY.value and UnitReplay.from_audit(_UNIT_REPLAY.value, len(unit_batches))
   return work_queue_input(work_units(unit_batches, _BATCH_SIZE.value), unit_fn,
                           settings.num_epochs, config.num_workers, config.worker_id,
-                          config.task_name, seed=_UNIT_SEED.value, shuffle=_UNIT_SHUFFLE.value,
-                          replay=replay or None)
+                          config.task_name, replay=replay or None, settings=settings)
 
 
 def first_epoch_counts(ids, epoch_tensor, vocabulary: int):

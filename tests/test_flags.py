@@ -24,8 +24,8 @@ def test_exports():
   assert set(flags_lib.__all__) == {
       "NUM_WORKERS", "NUM_EPOCHS", "BARRIER_TIMEOUT_SECS", "STARTUP_TIMEOUT_SECS",
       "STEP_TIMEOUT_SECS", "WARN_AFTER_SECS", "LOG_EVERY_SECS", "PROGRESS_SECS", "SYNC",
-      "SAVE_CHECKPOINT_SECS", "SAVE_CHECKPOINT_STEPS",
-      "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
+      "SAVE_CHECKPOINT_SECS", "SAVE_CHECKPOINT_STEPS", "UNIT_SEED", "UNIT_SHUFFLE",
+      "CLAIM_TIMEOUT_SECS", "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
       "settings_from_flags", "ENV_PREFIX", "EPOCHSYNC_FLAGS", "env_var", "apply_env"}
 
 
@@ -149,7 +149,9 @@ ENV_VALUES = {
     "epochsync_startup_timeout_secs": ("30", 30.0), "epochsync_barrier_timeout_secs": ("90", 90.0),
     "epochsync_step_timeout_secs": (" 20.5 ", 20.5), "epochsync_warn_after_secs": ("7", 7.0),
     "epochsync_log_every_secs": ("2", 2.0), "epochsync_progress_secs": ("3", 3.0),
-    "epochsync_save_checkpoint_secs": ("0", 0.0), "epochsync_save_checkpoint_steps": ("50", 50)}
+    "epochsync_save_checkpoint_secs": ("0", 0.0), "epochsync_save_checkpoint_steps": ("50", 50),
+    "epochsync_unit_seed": ("7", 7), "epochsync_unit_shuffle": ("0", False),
+    "epochsync_claim_timeout_secs": ("45", 45.0)}
 
 
 class TestEnvironmentVariables:
@@ -170,7 +172,8 @@ class TestEnvironmentVariables:
     assert flags_lib.settings_from_flags() == EpochSyncSettings(
         num_epochs=4, sync=False, divide_by_initial_workers=True, startup_timeout_secs=30,
         barrier_timeout_secs=90, step_timeout_secs=20.5, warn_after_secs=7, log_every_secs=2,
-        progress_secs=3, save_checkpoint_secs=0, save_checkpoint_steps=50)
+        progress_secs=3, save_checkpoint_secs=0, save_checkpoint_steps=50, unit_seed=7,
+        unit_shuffle=False, claim_timeout_secs=45)
 
   def test_flag_over_environment_over_default(self, parse, monkeypatch):
     parse("--epochsync_num_epochs=5", "--epochsync_sync")

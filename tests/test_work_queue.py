@@ -293,3 +293,23 @@ def test_a_replay_reads_each_workers_units_from_an_audit(tmp_path):
                                                           before_resume=True)]}) + "\n")
   with pytest.raises(ConfigError, match="resumed from a mid-epoch checkpoint"):
     UnitReplay.from_audit(str(audit), 1)
+
+
+def test_the_queue_knobs_come_from_the_settings_unless_given():
+  from hooks.config.settings import EpochSyncSettings  # pylint: disable=g-import-not-at-top
+  units = [WorkUnit("", 8 * i, 8 * i + 8) for i in range(12)]
+  orders = {}
+  for name, kwargs in (("unshuffled", dict(settings=EpochSyncSettings(unit_shuffle=False))),
+                       ("seed 3", dict(settings=EpochSyncSettings(unit_seed=3))),
+                       ("seed 3 given", dict(seed=3, settings=EpochSyncSettings(unit_seed=5)))):
+    graph = tf.Graph()
+    with graph.as_default():
+      epoch_input = work_queue_input(units, lambda u: tf.data.Dataset.range(1).batch(1), 1, 1, 0,
+                                     "worker:0", ps_device="", **kwargs)
+      init = _v1.global_variables_initializer()
+    with _v1.Session(graph=graph) as session:
+      session.run(init)
+      epoch_input.passes.claims.claim(session, 0, 0)
+      orders[name] = list(session.run(epoch_input.passes.claims.state)["order"])
+  assert orders["unshuffled"] == list(range(12))
+  assert orders["seed 3"] == orders["seed 3 given"] != list(range(12))

@@ -36,7 +36,7 @@ __all__ = [
     "LOG_EVERY_SECS",
     "PROGRESS_SECS",
     "SAVE_CHECKPOINT_SECS",
-    "SAVE_CHECKPOINT_STEPS",
+    "SAVE_CHECKPOINT_STEPS", "UNIT_SEED", "UNIT_SHUFFLE", "CLAIM_TIMEOUT_SECS",
     "SYNC",
     "DIVIDE_BY_INITIAL_WORKERS",
     "ENV_PREFIX",
@@ -121,6 +121,18 @@ SAVE_CHECKPOINT_STEPS = flags.DEFINE_integer(
     "Period of the chief's mid-epoch checkpoints in global steps (0: none); set it or "
     "--epochsync_save_checkpoint_secs, not both.", lower_bound=0)
 
+UNIT_SEED = flags.DEFINE_integer(
+    "epochsync_unit_seed", _DEFAULTS.unit_seed,
+    "A work queue's order of the units in each epoch is drawn from (this seed, the epoch).",
+    lower_bound=0)
+UNIT_SHUFFLE = flags.DEFINE_bool(
+    "epochsync_unit_shuffle", _DEFAULTS.unit_shuffle,
+    "Reshuffle a work queue's units every epoch (false: their order as given, every epoch).")
+CLAIM_TIMEOUT_SECS = _define_secs(
+    "epochsync_claim_timeout_secs", _DEFAULTS.claim_timeout_secs,
+    "Seconds a work queue's claim of the next unit may go unanswered (retried safely: a claim "
+    "is answered once) before raising ClaimTimeoutError.")
+
 
 @flags.multi_flags_validator([SAVE_CHECKPOINT_SECS.name, SAVE_CHECKPOINT_STEPS.name])
 def _check_one_save_period(values) -> bool:
@@ -149,7 +161,8 @@ _CROSS_RULES = {WARN_AFTER_SECS.name: f"< --{BARRIER_TIMEOUT_SECS.name}",
 # Every --epochsync_* flag, in the order of docs/flags.md.
 EPOCHSYNC_FLAGS = (NUM_EPOCHS, NUM_WORKERS, SYNC, DIVIDE_BY_INITIAL_WORKERS, STARTUP_TIMEOUT_SECS,
                    BARRIER_TIMEOUT_SECS, STEP_TIMEOUT_SECS, WARN_AFTER_SECS, LOG_EVERY_SECS,
-                   PROGRESS_SECS, SAVE_CHECKPOINT_SECS, SAVE_CHECKPOINT_STEPS)
+                   PROGRESS_SECS, SAVE_CHECKPOINT_SECS, SAVE_CHECKPOINT_STEPS, UNIT_SEED,
+                   UNIT_SHUFFLE, CLAIM_TIMEOUT_SECS)
 
 # Each settings field and the flag that sets it.
 _SETTINGS_FLAGS = {
@@ -164,6 +177,9 @@ _SETTINGS_FLAGS = {
     "divide_by_initial_workers": DIVIDE_BY_INITIAL_WORKERS,
     "save_checkpoint_secs": SAVE_CHECKPOINT_SECS,
     "save_checkpoint_steps": SAVE_CHECKPOINT_STEPS,
+    "unit_seed": UNIT_SEED,
+    "unit_shuffle": UNIT_SHUFFLE,
+    "claim_timeout_secs": CLAIM_TIMEOUT_SECS,
 }
 
 

@@ -44,6 +44,9 @@ class EpochSyncSettings:
     divide_by_initial_workers: `bool` average over the initial, not the active, worker count.
     save_checkpoint_secs: `float` period of the chief's mid-epoch checkpoints, >= 0 (0: none).
     save_checkpoint_steps: `int` the same in steps, >= 0 (0: none); at most one of the two > 0.
+    unit_seed: `int` a work queue's order of the units in each epoch is drawn from (seed, epoch).
+    unit_shuffle: `bool` reshuffle a work queue's units every epoch (False: their order as given).
+    claim_timeout_secs: `float` how long a work queue's claim may go unanswered, > 0.
 
   Raises:
     ConfigError: listing every invalid field with its value, the rule and the flag that sets it.
@@ -61,6 +64,9 @@ class EpochSyncSettings:
   # As MonitoredTrainingSession's and RunConfig's default: a save every 600 s (docs/mts.md).
   save_checkpoint_secs: float = 600.0
   save_checkpoint_steps: int = 0
+  unit_seed: int = 0
+  unit_shuffle: bool = True
+  claim_timeout_secs: float = 600.0
 
   def __post_init__(self):
     problems = []
@@ -92,4 +98,8 @@ class EpochSyncSettings:
               lambda v: not (isinstance(v, int) and v > 0 and self.save_checkpoint_secs != 0),
               f"and save_checkpoint_secs={self.save_checkpoint_secs!r} are both set: set one "
               "(the other to 0)")
+    _validate("unit_seed", lambda v: isinstance(v, int) and not is_bool(v) and v >= 0,
+              "must be an integer >= 0")
+    _validate("unit_shuffle", is_bool, "must be True or False")
+    _validate("claim_timeout_secs", _positive_secs, secs)
     raise_if_problems(problems, "EpochSyncSettings")

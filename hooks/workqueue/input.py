@@ -19,6 +19,8 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from hooks.config import flags as epochsync_flags
+from hooks.config.settings import EpochSyncSettings
 from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError, raise_if_problems
 from hooks.workqueue import queue_graph
@@ -39,9 +41,9 @@ class WorkQueueSpec:
   estimator_ext.work_units). Fields as work_queue_input's arguments."""
   units: Sequence[WorkUnit]
   unit_fn: Callable[[UnitTensors], tf.data.Dataset]
-  seed: int = 0
-  shuffle: bool = True
-  claim_timeout_secs: float = 600.0
+  seed: Optional[int] = None  # None: the settings' (--epochsync_unit_seed, ...)
+  shuffle: Optional[bool] = None
+  claim_timeout_secs: Optional[float] = None
   records_are_examples: bool = True
   replay: Optional[UnitReplay] = None
 
@@ -64,9 +66,17 @@ class WorkQueueSpec:
                                     tf.constant(unit.count, tf.int64)))
 
   def epoch_input(self, num_epochs: int, num_workers: int, worker_id: int, task_name: str,
-                  ps_device: str = PS_DEVICE) -> EpochInput:
-    """The EpochInput of worker `worker_id` over this queue (on `ps_device`; "" in one process)."""
+                  ps_device: str = PS_DEVICE,
+                  settings: Optional[EpochSyncSettings] = None) -> EpochInput:
+    """The EpochInput of worker `worker_id` over this queue (on `ps_device`; "" in one process);
+    the knobs left None come from `settings` (default: the --epochsync_* flags and
+    EPOCHSYNC_* variables)."""
     raise_if_problems(self.problems(), f"work units of {task_name}")
+    settings = settings or epochsync_flags.settings_from_flags()
+    seed = settings.unit_seed if self.seed is None else self.seed
+    shuffle = settings.unit_shuffle if self.shuffle is None else self.shuffle
+    timeout = (settings.claim_timeout_secs if self.claim_timeout_secs is None else
+               self.claim_timeout_secs)
     if not 0 <= worker_id < num_workers:
       raise ConfigError(f"worker_id={worker_id} must be in [0, num_workers={num_workers})")
     units = list(self.units)
@@ -76,9 +86,8 @@ class WorkQueueSpec:
       dataset = tf.data.Dataset.from_tensors(unit).filter(_is_unit).flat_map(batches_of)
       probe = _v1.placeholder(tf.int64, [], "probe_unit")  # unit_fn must give one pass
       cardinality = (probe, batches_of(probe).cardinality())
-    ops = queue_graph.build(len(units), num_workers, self.seed, self.shuffle, ps_device,
-                            fingerprint(units))
-    claims = UnitClaims(ops, worker_id, task_name, self.claim_timeout_secs)
+    ops = queue_graph.build(len(units), num_workers, seed, shuffle, ps_device, fingerprint(units))
+    claims = UnitClaims(ops, worker_id, task_name, timeout)
     passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality,
                         self.replay)
     return EpochInput(dataset, num_epochs, task_name, passes=passes)
@@ -86,9 +95,11 @@ class WorkQueueSpec:
 
 def work_queue_input(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors], tf.data.Dataset],
                      num_epochs: int, num_workers: int, worker_id: int, task_name: str,
-                     seed: int = 0, shuffle: bool = True, claim_timeout_secs: float = 600.0,
+                     seed: Optional[int] = None, shuffle: Optional[bool] = None,
+                     claim_timeout_secs: Optional[float] = None,
                      records_are_examples: bool = True, ps_device: str = PS_DEVICE,
-                     replay: Optional[UnitReplay] = None) -> EpochInput:
+                     replay: Optional[UnitReplay] = None,
+                     settings: Optional[EpochSyncSettings] = None) -> EpochInput:
   """An EpochInput whose epochs are the `units`, handed out through a queue on `ps_device`.
 
   Args:
@@ -99,21 +110,26 @@ def work_queue_input(units: Sequence[WorkUnit], unit_fn: Callable[[UnitTensors],
     num_epochs: `int`, epochs to train.
     num_workers, worker_id: this job's training workers and this worker's id (ClusterConfig).
     task_name: e.g. "worker:1", in logs.
-    seed: `int`, the order of the units in each epoch is drawn from (seed, epoch).
-    shuffle: `bool`, False: the units' order as given, every epoch.
-    claim_timeout_secs: `float`, how long a claim may go unanswered before ClaimTimeoutError.
+    seed: `int`, the order of the units in each epoch is drawn from (seed, epoch); default
+      `settings.unit_seed` (--epochsync_unit_seed, EPOCHSYNC_UNIT_SEED; 0).
+    shuffle: `bool`, False: the units' order as given, every epoch; default
+      `settings.unit_shuffle` (--epochsync_unit_shuffle; True).
+    claim_timeout_secs: `float`, how long a claim may go unanswered before ClaimTimeoutError;
+      default `settings.claim_timeout_secs` (--epochsync_claim_timeout_secs; 600).
     records_are_examples: `bool`, the chief's audit requires each record range to yield as
       many examples as it holds records; False if `unit_fn` filters on purpose.
     ps_device: where the queue lives.
     replay: a `UnitReplay` (hooks.workqueue.replay): each worker takes the units a recorded
       audit says it trained, in that order.
+    settings: `EpochSyncSettings` for the knobs left None; default
+      `hooks.config.flags.settings_from_flags()`.
 
   Raises:
     ConfigError: bad units or arguments, naming each problem.
   """
   spec = WorkQueueSpec(units, unit_fn, seed, shuffle, claim_timeout_secs, records_are_examples,
                        replay)
-  return spec.epoch_input(num_epochs, num_workers, worker_id, task_name, ps_device)
+  return spec.epoch_input(num_epochs, num_workers, worker_id, task_name, ps_device, settings)
 
 
 def _batches_of(units: Sequence[WorkUnit], unit_fn):
