@@ -33,7 +33,9 @@ from hooks.testing.local_cluster import LocalCluster
 _REPETITIONS = flags.DEFINE_integer("repetitions", 3, "Repetitions.", lower_bound=1)
 _UNITS = flags.DEFINE_integer("units", 40, "Units per epoch.", lower_bound=4)
 _UNIT_BATCHES = flags.DEFINE_integer("unit_batches", 8, "Batches per unit.", lower_bound=1)
-_SAVE = flags.DEFINE_integer("save_steps", 40, "Mid-epoch checkpoint period (steps).")
+_SAVE = flags.DEFINE_integer("save_steps", 44, "Mid-epoch checkpoint period (steps); not a "
+                             "multiple of --unit_batches, or no unit is in flight at the save "
+                             "(the workers take their units in lockstep).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 
 _TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_task.py")

@@ -175,7 +175,7 @@ def _steps_of(audit_line, units=UNITS):
 
 
 def _resumed_run(tmp_path, sync, workers_after, units=UNITS, save_steps=2, epoch=1,
-                 victim="worker:1", delay=0.0):
+                 victim="worker:1", delay=0.0, step_sleep_secs=0.15):
   """3 workers, a mid-epoch checkpoint every `save_steps` steps; `victim` killed `delay` s
   after one of `epoch`; relaunched with `workers_after` workers. Checks every unit once with
   all its batches and examples in each epoch; returns the model_dir and the audit."""
@@ -186,7 +186,7 @@ def _resumed_run(tmp_path, sync, workers_after, units=UNITS, save_steps=2, epoch
                     f"--epochsync_save_checkpoint_steps={save_steps}"]
   with LocalCluster(num_workers=3, timeout_secs=120, fail_fast_secs=30,
                     log_dir=str(tmp_path / "logs1")) as cluster:
-    cluster.start(command + ["--step_sleep_secs=0.15"])
+    cluster.start(command + [f"--step_sleep_secs={step_sleep_secs}"])
     kill_after_a_mid_epoch_save(cluster, model_dir, epoch, victim, delay)
     cluster.wait()
   with LocalCluster(num_workers=workers_after, timeout_secs=120,
@@ -261,7 +261,11 @@ def test_random_kill_points_with_a_work_queue_resume_exactly(tmp_path, unit_kill
           f"killed {delay:.2f} s after a mid-epoch save of epoch {epoch}, relaunched with "
           f"{workers_after} workers, {'sync' if sync else 'async'}")
   print(what, flush=True)
-  _, audit = _resumed_run(tmp_path, sync, workers_after, units, save_steps, epoch, victim, delay)
+  # 0.3 s per step: an epoch of the first attempt lasts seconds, so the kill lands inside it
+  # even when this process is descheduled for a while (at a load of 20, 2 of 20 seeds with
+  # 0.15 s per step saw their epoch end before the kill).
+  _, audit = _resumed_run(tmp_path, sync, workers_after, units, save_steps, epoch, victim, delay,
+                          step_sleep_secs=0.3)
   if sync:
     _assert_equals_the_recorded_steps(audit, units, what)
   else:
