@@ -218,7 +218,8 @@ def _assert_equals_the_recorded_steps(audit, units=UNITS, context=""):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("workers_after", [3, 2], ids=["same-workers", "fewer-workers"])
+@pytest.mark.parametrize("workers_after", [pytest.param(3, marks=pytest.mark.variant), 2],
+                         ids=["same-workers", "fewer-workers"])
 def test_a_synchronous_queue_resumes_its_mid_epoch_checkpoint_exactly(tmp_path, workers_after):
   """The relaunch finishes the units in flight from the step the checkpoint holds and hands
   out the rest, with as many workers as before or fewer: every batch once, and the model equals
