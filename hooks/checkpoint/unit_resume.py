@@ -26,7 +26,7 @@ from hooks.checkpoint import mid_epoch
 from hooks.checkpoint.mid_epoch import EPOCH, EPOCH_SHIFT, MID_EPOCH_DIR, STEPS
 from hooks.errors import ConfigError
 from hooks.faults.waiting import run_options
-from hooks.workqueue.queue_graph import HEADER, MAX_WORKERS, UNIT_FIELDS, fingerprint_value
+from hooks.workqueue.layout import HEADER, MAX_WORKERS, UNIT_FIELDS, fingerprint_value
 from hooks.workqueue.resume_plan import plan_resume
 from hooks.workqueue.unit_passes import UnitPasses
 from hooks.workqueue.units import fingerprint

@@ -1,7 +1,7 @@
 """The work queue's state on ps:0 and its one run, the claim: saved with the model, exactly once.
 
-The state is one int64 vector on ps:0 (in every checkpoint; `Layout` says where each field
-is): the epoch it belongs to, the epoch's order of the units (a permutation drawn from the seed
+The state is one int64 vector on ps:0 (in every checkpoint; hooks.workqueue.layout says where
+each field is): the epoch it belongs to, the epoch's order of the units (a permutation drawn from the seed
 and the epoch, or the units' order), the next position to hand out, and per unit its owner, the
 owner's batch count when it took the unit, its batches and examples once the owner finished
 it, and the batches a resumed mid-epoch checkpoint already held (skip); per worker, how many
@@ -30,12 +30,13 @@ Typical usage (hooks.workqueue.claims runs it):
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, Tuple
+from typing import Dict
 
 import tensorflow as tf
 
 from hooks import graph_keys
 from hooks.errors import ConfigError
+from hooks.workqueue.layout import MAX_WORKERS, Layout, fingerprint_value
 
 __all__ = ["QueueOps", "Layout", "build", "STALE", "ANY", "NONE", "MAX_WORKERS",
            "fingerprint_value"]
@@ -63,59 +64,6 @@ class QueueOps:
   new_vector: tf.Tensor      # placeholder: a whole state vector for `assign`
   assign: tf.Tensor          # writes new_vector (the chief, before the run starts)
   layout: "Layout"
-
-
-MAX_WORKERS = 1024  # Per-worker slots: a checkpoint resumes with any worker count up to this.
-UNIT_FIELDS = ("order", "owner", "first_batch", "batches", "examples", "skip")
-HEADER = ("epoch", "next", "fingerprint", "resumed_next", "resumed_step")
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """Where each field lives in the state vector of `units` units:
-
-    [epoch, next, fingerprint, resumed_next, resumed_step,
-     order[u], owner[u], first_batch[u], batches[u], examples[u], skip[u],
-     claims[MAX_WORKERS], last[MAX_WORKERS]]
-
-  order: the epoch's order of the units (positions < next are handed out); owner: the worker
-  that took the unit (-1: not yet); first_batch: the owner's epoch batch count when it took the
-  unit, minus the unit's skip (so that its batch k went into the owner's batch first_batch + k);
-  batches, examples: the unit's counts once finished (-1 before); skip: the unit's batches a
-  resumed checkpoint already held; claims/last: each worker's claims this epoch and the unit of
-  its last one; fingerprint: the units' (hooks.workqueue.units.fingerprint); resumed_next:
-  the units done before the epoch's last resume (they keep the owners of an earlier attempt);
-  resumed_step: the synchronous step it resumed at (every worker's batch count starts there).
-  """
-  units: int
-
-  @property
-  def size(self) -> int:
-    return len(HEADER) + len(UNIT_FIELDS) * self.units + 2 * MAX_WORKERS
-
-  def slices(self) -> Dict[str, slice]:
-    out = {name: slice(i, i + 1) for i, name in enumerate(HEADER)}
-    at = len(HEADER)
-    for name in UNIT_FIELDS:
-      out[name] = slice(at, at + self.units)
-      at += self.units
-    out["claims"], out["last"] = slice(at, at + MAX_WORKERS), slice(at + MAX_WORKERS, self.size)
-    return out
-
-  def parts(self, vector) -> Dict[str, Any]:
-    """The fields of `vector` (a tensor or numpy array): header fields are scalars."""
-    return {name: vector[s.start] if name in HEADER else vector[s]
-            for name, s in self.slices().items()}
-
-  def join(self, parts: Dict[str, Any]) -> Tuple[List[Any], List[Any]]:
-    """The header scalars and the field vectors of `parts`, in the vector's order."""
-    return ([parts[name] for name in HEADER],
-            [parts[name] for name in UNIT_FIELDS + ("claims", "last")])
-
-
-def fingerprint_value(fingerprint: str) -> int:
-  """The units' fingerprint (hex) as the int64 the state holds."""
-  return int(fingerprint[:15], 16)
 
 
 def _execute_unrecorded(lock: tf.CriticalSection, fn):

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from hooks.workqueue.queue_graph import MAX_WORKERS, Layout
+from hooks.workqueue.layout import MAX_WORKERS, Layout
 
 __all__ = ["ResumePlan", "plan_resume"]
 
