@@ -205,3 +205,16 @@ def test_a_resume_refuses_units_that_changed_since_the_checkpoint(tmp_path):
   with pytest.raises(ConfigError, match=r"holds a work queue of another number of units \(3 "
                                         r"there, 4 here\)"):
     _resume_with(model_dir, units + [WorkUnit("", 48, 64)])
+
+
+def test_units_done_at_an_earlier_resume_stay_done_whatever_the_counts_now():
+  """Asynchronous: after a resume every worker counts its batches from 0 again, so a unit done
+  before it (taken at an owner's batch 3) must not be judged by the new counts."""
+  queue = _Queue()
+  queue.claim(0, at=0)
+  queue.claim(0, at=3, finished=(0, 3, 24))  # unit 1 to worker 0 at its batch 3
+  queue.write(plan_resume(queue.vector(), queue.ops.layout, {0: 4, 1: 0}.get).state)
+  assert list(queue.parts()["order"][:1]) == [0] and int(queue.parts()["resumed_next"]) == 1
+  assert queue.claim(1, at=0) == (1, 1)  # unit 1 after its batch the model holds
+  plan = plan_resume(queue.vector(), queue.ops.layout, {0: 0, 1: 1}.get)
+  assert plan.done == [0] and plan.in_flight == {1: 2}

@@ -6,7 +6,8 @@ the model holds the owner's batches up to its *position* at the save: the synchr
 for every worker (its k-th batch went into step k), or, asynchronously, the owner's own count
 of applied batches. So the model holds `position - first_batch` batches of the unit, at most
 its batches when it was finished. From that the plan sorts every unit:
-  - done: finished, and all its batches in the model: it keeps its record (owner, counts);
+  - done: finished, and all its batches in the model: it keeps its record (owner, counts), and
+    stays done at every later resume of the epoch (its owner's count was an earlier attempt's);
   - in flight: some of its batches in the model: handed out again, skipping them;
   - not started: handed out again from its start, in the epoch's order.
 Units are not tied to workers, so the plan holds for any worker count.
@@ -46,9 +47,12 @@ def plan_resume(vector, layout: Layout, position_of: Callable[[int], int],
   count the model holds (synchronous: the saved step S for every owner); `resumed_step`: where
   every worker's batch count starts after the resume (synchronous: S; asynchronous: 0)."""
   old = layout.parts(np.asarray(vector, np.int64))
-  handed = int(old["next"])
+  handed, resumed = int(old["next"]), int(old["resumed_next"])
   done, in_flight, rest = [], {}, []
   for position, unit in enumerate(int(u) for u in old["order"]):
+    if position < resumed:  # Done at an earlier resume (its owner's count was another's).
+      done.append(unit)
+      continue
     if position >= handed:
       rest.append(unit)
       continue
