@@ -73,6 +73,11 @@ class MidEpochResume(_v1.train.SessionRunHook, EpochListener):
     skip = None
     if position[EPOCH] == epoch:
       skip = self._check_and_skip(epoch, position, saved, applied, cardinality)
+      if self._by_unit and self._count_applied:
+        # Before this worker's first claim: a save between that claim and epoch_started must
+        # not pair the unit's new first_batch with the earlier attempt's count.
+        session.run(self._set_applied, {self._value: epoch * EPOCH_SHIFT},
+                    options=run_options(_TIMEOUT_SECS))
     self._cardinality = cardinality
     if cardinality >= 0:
       session.run(self._set_shard, {self._value: cardinality})
