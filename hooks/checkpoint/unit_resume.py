@@ -26,7 +26,8 @@ from hooks.checkpoint import mid_epoch
 from hooks.checkpoint.mid_epoch import EPOCH, EPOCH_SHIFT, MID_EPOCH_DIR, STEPS
 from hooks.errors import ConfigError
 from hooks.faults.waiting import run_options
-from hooks.workqueue.layout import HEADER, MAX_WORKERS, UNIT_FIELDS, fingerprint_value
+from hooks.workqueue.audit import worker_name
+from hooks.workqueue.layout import fingerprint_value, units_of_size
 from hooks.workqueue.resume_plan import plan_resume
 from hooks.workqueue.unit_passes import UnitPasses
 from hooks.workqueue.units import fingerprint
@@ -86,7 +87,7 @@ class UnitResumeHook(_v1.train.SessionRunHook):
 
   def _record(self, epoch: int, saved) -> None:
     """Appends who trained which batches of the units in flight (the queue forgets it)."""
-    parts = [{"index": unit, "worker": _name(self._names, int(saved["owner"][unit])),
+    parts = [{"index": unit, "worker": worker_name(self._names, int(saved["owner"][unit])),
               "first_batch": int(saved["first_batch"][unit]),
               "from": int(saved["skip"][unit]), "to": held}
              for unit, held in sorted(self.plan.in_flight.items())]
@@ -116,7 +117,7 @@ class UnitResumeHook(_v1.train.SessionRunHook):
     if names[_STATE] != [size]:
       raise ConfigError(
           f"the mid-epoch checkpoint {path} holds a work queue of another number of units "
-          f"({_units_of(names[_STATE][0])} there, {len(self._queue.units)} here): pass the units "
+          f"({units_of_size(names[_STATE][0])} there, {len(self._queue.units)} here): pass the units "
           f"it was written with, or delete <model_dir>/{MID_EPOCH_DIR} to train the epoch "
           "again from its start")
     load = lambda name: np.asarray(tf.train.load_variable(path, name), np.int64)
@@ -132,15 +133,6 @@ class UnitResumeHook(_v1.train.SessionRunHook):
           f"the list differs): the positions it holds are in those units; pass the same units "
           f"in the same order, or delete <model_dir>/{MID_EPOCH_DIR} to train the epoch again "
           "from its start")
-
-
-def _units_of(size: int) -> int:
-  """The units of a saved queue vector of `size` (hooks.workqueue.queue_graph.Layout)."""
-  return (size - len(HEADER) - 2 * MAX_WORKERS) // len(UNIT_FIELDS)
-
-
-def _name(names: Sequence[str], owner: int) -> str:
-  return names[owner] if 0 <= owner < len(names) else f"worker:{owner}"
 
 
 def _applied(applied, owner: int, epoch: int) -> int:

@@ -18,7 +18,7 @@ from hooks.errors import WorkQueueError
 from hooks.faults.waiting import run_options
 from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
 
-__all__ = ["UnitAudit", "audit_work_queue"]
+__all__ = ["UnitAudit", "audit_work_queue", "worker_name"]
 
 _READ_TIMEOUT_SECS = 60.0
 
@@ -52,7 +52,7 @@ class UnitAudit:
     for position, index in enumerate(state["order"][:int(state["next"])]):
       owner = int(state["owner"][index])
       unit = {"unit": str(self._passes.units[index]), "index": int(index),
-              "worker": self._name(owner), "first_batch": int(state["first_batch"][index]),
+              "worker": worker_name(self._names, owner), "first_batch": int(state["first_batch"][index]),
               "batches": int(state["batches"][index]),
               "examples": int(state["examples"][index])}
       if int(state["skip"][index]):  # Its first batches came from a mid-epoch checkpoint.
@@ -61,11 +61,6 @@ class UnitAudit:
         unit["before_resume"] = True
       out.append(unit)
     return out
-
-  def _name(self, owner: int) -> Optional[str]:
-    if owner < 0:
-      return None
-    return self._names[owner] if owner < len(self._names) else f"worker:{owner}"
 
   def _count_problems(self, units, arrivals: Dict[str, EpochStats], offset: int) -> List[str]:
     """Each worker's units of this attempt add up to what it trained (its examples too, when
@@ -88,6 +83,14 @@ class UnitAudit:
                           f"{count} records ({'short' if u['examples'] < count else 'long'}: "
                           "a filter, drop_remainder or repeat in unit_fn?)")
     return problems
+
+
+def worker_name(names: Sequence[str], owner: int) -> Optional[str]:
+  """The name of worker id `owner` (None: no owner). An id beyond `names` belongs to a job that
+  ran with more workers before a resume."""
+  if owner < 0:
+    return None
+  return names[owner] if owner < len(names) else f"worker:{owner}"
 
 
 def audit_work_queue(epoch_input: Any, barrier: Any, worker_names: Sequence[str]

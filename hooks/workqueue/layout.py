@@ -13,7 +13,7 @@ Typical usage:
 import dataclasses
 from typing import Any, Dict, List, Tuple
 
-__all__ = ["Layout", "MAX_WORKERS", "HEADER", "UNIT_FIELDS", "fingerprint_value"]
+__all__ = ["Layout", "MAX_WORKERS", "HEADER", "UNIT_FIELDS", "fingerprint_value", "units_of_size"]
 
 MAX_WORKERS = 1024  # Per-worker slots: a checkpoint resumes with any worker count up to this.
 UNIT_FIELDS = ("order", "owner", "first_batch", "batches", "examples", "skip")
@@ -66,3 +66,8 @@ class Layout:
 def fingerprint_value(fingerprint: str) -> int:
   """The units' fingerprint (hex) as the int64 the state holds."""
   return int(fingerprint[:15], 16)
+
+
+def units_of_size(size: int) -> int:
+  """The number of units of a state vector of `size` (the inverse of Layout.size)."""
+  return (size - len(HEADER) - 2 * MAX_WORKERS) // len(UNIT_FIELDS)
