@@ -21,6 +21,7 @@ from hooks.workqueue import WorkUnit, fingerprint, unit_problems, units_of_files
 from hooks.workqueue import queue_graph
 from hooks.workqueue.claims import UnitClaims
 from hooks.workqueue.input import work_queue_input
+from local_queue import LocalQueue
 
 _v1 = tf.compat.v1
 
@@ -57,34 +58,8 @@ def test_work_queue_input_refuses_bad_arguments():
       work_queue_input([WorkUnit("", 0, 8)], lambda u: 3, 1, 2, 0, "worker:0")
 
 
-class _Queue:
-  """A queue of `units` on a local session, with a claim helper."""
-
-  def __init__(self, units=5, workers=2, seed=7, shuffle=True):
-    self.graph = tf.Graph()
-    with self.graph.as_default():
-      self.ops = queue_graph.build(units, workers, seed, shuffle, "/cpu:0")
-      init = _v1.global_variables_initializer()
-    self.session = _v1.Session(graph=self.graph)
-    self.session.run(init)
-
-  def claim(self, epoch, worker, seq, at=0, finished=(-1, 0, 0)):
-    return self.claim_and_skip(epoch, worker, seq, at, finished)[0]
-
-  def claim_and_skip(self, epoch, worker, seq, at=0, finished=(-1, 0, 0)):
-    ops = self.ops
-    unit, skip = self.session.run(ops.claim, {
-        ops.epoch: epoch, ops.worker: worker, ops.seq: seq, ops.at_batch: at,
-        ops.finished: finished[0], ops.finished_batches: finished[1],
-        ops.finished_examples: finished[2]})
-    return int(unit), int(skip)
-
-  def state(self):
-    return self.session.run(self.ops.state)
-
-
 def test_a_repeated_claim_answers_the_same_unit_and_changes_nothing():
-  queue = _Queue()
+  queue = LocalQueue()
   first = queue.claim(0, worker=1, seq=0)
   before = queue.state()
   assert queue.claim(0, worker=1, seq=0) == first
@@ -94,7 +69,7 @@ def test_a_repeated_claim_answers_the_same_unit_and_changes_nothing():
 
 
 def test_every_unit_once_per_epoch_then_none_and_the_finished_counts_recorded():
-  queue = _Queue(units=5)
+  queue = LocalQueue(units=5)
   taken, seq, unit = [], 0, queue.claim(0, worker=0, seq=0)
   while unit >= 0:
     taken.append(unit)
@@ -110,7 +85,7 @@ def test_every_unit_once_per_epoch_then_none_and_the_finished_counts_recorded():
 def test_the_order_is_drawn_per_epoch_from_the_seed():
   orders = []
   for seed in (7, 7, 8):
-    queue = _Queue(units=12, seed=seed)
+    queue = LocalQueue(units=12, seed=seed)
     orders.append([])
     for epoch in range(2):
       queue.claim(epoch, worker=0, seq=0)
@@ -119,19 +94,19 @@ def test_the_order_is_drawn_per_epoch_from_the_seed():
   assert orders[0][0] != orders[0][1]  # reshuffled per epoch
   assert orders[0] != orders[2]
   assert all(sorted(o) == list(range(12)) for o in orders[0])
-  unshuffled = _Queue(units=4, shuffle=False)
+  unshuffled = LocalQueue(units=4, shuffle=False)
   unshuffled.claim(3, worker=0, seq=0)
   assert list(unshuffled.state()["order"]) == [0, 1, 2, 3]
 
 
 def test_a_claim_of_an_earlier_epoch_is_refused():
-  queue = _Queue()
+  queue = LocalQueue()
   queue.claim(2, worker=0, seq=0)
   assert queue.claim(1, worker=1, seq=0) == queue_graph.STALE
 
 
 def test_the_queue_adds_nothing_to_the_meta_graph_that_cannot_be_saved():
-  queue = _Queue()
+  queue = LocalQueue()
   with queue.graph.as_default():
     assert not queue.graph.get_collection("critical_section_executions")
     _v1.train.export_meta_graph()  # would warn "Issue encountered when serializing"
@@ -260,13 +235,10 @@ def test_a_specs_units_are_checked_once(tmp_path, monkeypatch):
 
 
 def test_a_wanted_unit_is_handed_out_once_and_none_ends_a_replayed_worker():
-  queue = _Queue(units=5, shuffle=False)
-  ops = queue.ops
+  queue = LocalQueue(units=5, shuffle=False)
 
   def claim(worker, seq, wanted, finished=(-1, 0, 0)):
-    return int(queue.session.run(ops.claim, {
-        ops.epoch: 0, ops.worker: worker, ops.seq: seq, ops.at_batch: 0, ops.wanted: wanted,
-        ops.finished: finished[0], ops.finished_batches: 0, ops.finished_examples: 0})[0])
+    return queue.claim(0, worker, seq, finished=finished, wanted=wanted)
 
   assert claim(0, 0, 3) == 3
   assert claim(1, 0, 3) == -1  # already handed out: none (the audit names what is left)

@@ -13,38 +13,27 @@ import tensorflow as tf
 
 from hooks.workqueue import WorkUnit, fingerprint, queue_graph
 from hooks.workqueue.resume_plan import plan_resume
+from local_queue import LocalQueue
 
 _v1 = tf.compat.v1
 
 
-class _Queue:
-  """A queue of `units` units on a local session (no shuffle: unit i is the i-th handed out)."""
+class _Queue(LocalQueue):
+  """Unshuffled (unit i is the i-th handed out); each worker's claims numbered for it."""
 
   def __init__(self, units=6, workers=2):
-    self.graph = tf.Graph()
-    with self.graph.as_default():
-      self.ops = queue_graph.build(units, workers, 0, False, "/cpu:0", "0" * 16)
-      init = _v1.global_variables_initializer()
-    self.session = _v1.Session(graph=self.graph)
-    self.session.run(init)
+    super().__init__(units, workers, seed=0, shuffle=False, fingerprint="0" * 16)
     self.seq = {}
 
-  def claim(self, worker, at, finished=(-1, 0, 0), epoch=0):
+  def take(self, worker, at, finished=(-1, 0, 0), epoch=0):
+    """The worker's next claim: (unit, skip)."""
     seq = self.seq.get(worker, 0)
     self.seq[worker] = seq + 1
-    ops = self.ops
-    unit, skip = self.session.run(ops.claim, {
-        ops.epoch: epoch, ops.worker: worker, ops.seq: seq, ops.at_batch: at,
-        ops.finished: finished[0], ops.finished_batches: finished[1],
-        ops.finished_examples: finished[2]})
-    return int(unit), int(skip)
-
-  def vector(self):
-    return self.session.run(self.ops.vector)
+    return self.claim_and_skip(epoch, worker, seq, at, finished)
 
   def write(self, vector):
-    self.session.run(self.ops.assign, {self.ops.new_vector: vector})
-    self.seq = {}
+    super().write(vector)
+    self.seq = {}  # A resumed epoch: every worker's claims are numbered from 0 again.
 
   def parts(self):
     return self.ops.layout.parts(self.vector())
@@ -53,11 +42,11 @@ class _Queue:
 def _synchronous_epoch_until_a_save():
   """Two workers, units of 3 batches: worker 0 takes 0, 2, 4; worker 1 takes 1, 3, 5."""
   queue = _Queue()
-  assert queue.claim(0, at=0) == (0, 0)
-  assert queue.claim(1, at=0) == (1, 0)
-  assert queue.claim(0, at=3, finished=(0, 3, 24)) == (2, 0)
-  assert queue.claim(1, at=3, finished=(1, 3, 24)) == (3, 0)
-  assert queue.claim(0, at=6, finished=(2, 3, 24)) == (4, 0)  # worker 0 is one step ahead
+  assert queue.take(0, at=0) == (0, 0)
+  assert queue.take(1, at=0) == (1, 0)
+  assert queue.take(0, at=3, finished=(0, 3, 24)) == (2, 0)
+  assert queue.take(1, at=3, finished=(1, 3, 24)) == (3, 0)
+  assert queue.take(0, at=6, finished=(2, 3, 24)) == (4, 0)  # worker 0 is one step ahead
   return queue
 
 
@@ -87,11 +76,11 @@ def test_after_the_resume_the_claims_hand_out_units_in_flight_first_with_their_s
   assert int(parts["next"]) == 2 and int(parts["resumed_next"]) == 2
   assert list(parts["owner"][:2]) == [0, 1]  # the done units keep their record
   # Three workers now (another count than the save's): every one starts at step 5.
-  assert queue.claim(2, at=5) == (2, 2)
-  assert queue.claim(0, at=5) == (3, 2)
-  assert queue.claim(1, at=5) == (4, 0)
-  assert queue.claim(2, at=6, finished=(2, 3, 24)) == (5, 0)
-  assert queue.claim(0, at=6, finished=(3, 3, 24)) == (-1, 0)
+  assert queue.take(2, at=5) == (2, 2)
+  assert queue.take(0, at=5) == (3, 2)
+  assert queue.take(1, at=5) == (4, 0)
+  assert queue.take(2, at=6, finished=(2, 3, 24)) == (5, 0)
+  assert queue.take(0, at=6, finished=(3, 3, 24)) == (-1, 0)
   parts = queue.parts()
   # first_batch is the owner's position minus the skip: batch k went into step first_batch + k.
   assert int(parts["first_batch"][2]) == 3 and int(parts["first_batch"][3]) == 3
@@ -101,8 +90,8 @@ def test_after_the_resume_the_claims_hand_out_units_in_flight_first_with_their_s
 def test_a_second_resume_counts_the_batches_of_both_attempts():
   queue = _synchronous_epoch_until_a_save()
   queue.write(plan_resume(queue.vector(), queue.ops.layout, lambda owner: 5).state)
-  assert queue.claim(1, at=5) == (2, 2)  # worker 1 finishes unit 2's last batch at step 5
-  assert queue.claim(1, at=6, finished=(2, 3, 24)) == (3, 2)  # unit 3 from step 6
+  assert queue.take(1, at=5) == (2, 2)  # worker 1 finishes unit 2's last batch at step 5
+  assert queue.take(1, at=6, finished=(2, 3, 24)) == (3, 2)  # unit 3 from step 6
   # Saved after step 6: unit 3's batch 2 (step 6) not yet; after step 7: all 3 of its batches,
   # but not finished (worker 1 had not asked for its next unit): in flight, with nothing left.
   plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 6)
@@ -114,9 +103,9 @@ def test_a_second_resume_counts_the_batches_of_both_attempts():
 
 def test_asynchronous_positions_are_each_owners_own():
   queue = _Queue()
-  queue.claim(0, at=0)               # unit 0 to worker 0
-  queue.claim(1, at=0)               # unit 1 to worker 1
-  queue.claim(0, at=3, finished=(0, 3, 24))  # unit 2 to worker 0 at its batch 3
+  queue.take(0, at=0)               # unit 0 to worker 0
+  queue.take(1, at=0)               # unit 1 to worker 1
+  queue.take(0, at=3, finished=(0, 3, 24))  # unit 2 to worker 0 at its batch 3
   applied = {0: 4, 1: 1}
   plan = plan_resume(queue.vector(), queue.ops.layout, applied.get)
   assert plan.done == [0] and plan.in_flight == {1: 1, 2: 1}
@@ -138,7 +127,7 @@ def test_more_workers_than_the_queue_serves_is_a_config_error():
 
 def test_the_plan_of_a_fresh_epoch_keeps_nothing():
   queue = _Queue()
-  queue.claim(0, at=0)
+  queue.take(0, at=0)
   plan = plan_resume(queue.vector(), queue.ops.layout, lambda owner: 0)
   assert plan.done == [] and plan.in_flight == {} and plan.not_started == list(range(6))
   assert np.array_equal(queue.ops.layout.parts(plan.state)["owner"], [-1] * 6)
@@ -211,10 +200,10 @@ def test_units_done_at_an_earlier_resume_stay_done_whatever_the_counts_now():
   """Asynchronous: after a resume every worker counts its batches from 0 again, so a unit done
   before it (taken at an owner's batch 3) must not be judged by the new counts."""
   queue = _Queue()
-  queue.claim(0, at=0)
-  queue.claim(0, at=3, finished=(0, 3, 24))  # unit 1 to worker 0 at its batch 3
+  queue.take(0, at=0)
+  queue.take(0, at=3, finished=(0, 3, 24))  # unit 1 to worker 0 at its batch 3
   queue.write(plan_resume(queue.vector(), queue.ops.layout, {0: 4, 1: 0}.get).state)
   assert list(queue.parts()["order"][:1]) == [0] and int(queue.parts()["resumed_next"]) == 1
-  assert queue.claim(1, at=0) == (1, 1)  # unit 1 after its batch the model holds
+  assert queue.take(1, at=0) == (1, 1)  # unit 1 after its batch the model holds
   plan = plan_resume(queue.vector(), queue.ops.layout, {0: 0, 1: 1}.get)
   assert plan.done == [0] and plan.in_flight == {1: 2}

@@ -1,0 +1,46 @@
+"""A work queue's graph (hooks.workqueue.queue_graph) on a local session, for in-process tests.
+
+  queue = LocalQueue(units=5, workers=2)
+  unit = queue.claim(0, worker=1, seq=0)                       # the unit handed out
+  unit, skip = queue.claim_and_skip(0, 1, 1, at=3, finished=(unit, 3, 24))
+  state = queue.state()                                        # the fields, by name
+"""
+
+import tensorflow as tf
+
+from hooks.workqueue import queue_graph
+
+_v1 = tf.compat.v1
+
+
+class LocalQueue:
+  """A queue of `units` units; each claim is one run, as UnitClaims makes it."""
+
+  def __init__(self, units=5, workers=2, seed=7, shuffle=True, fingerprint="0"):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      self.ops = queue_graph.build(units, workers, seed, shuffle, "/cpu:0", fingerprint)
+      init = _v1.global_variables_initializer()
+    self.session = _v1.Session(graph=self.graph)
+    self.session.run(init)
+
+  def claim(self, epoch, worker, seq, at=0, finished=(-1, 0, 0), wanted=queue_graph.ANY):
+    return self.claim_and_skip(epoch, worker, seq, at, finished, wanted)[0]
+
+  def claim_and_skip(self, epoch, worker, seq, at=0, finished=(-1, 0, 0),
+                     wanted=queue_graph.ANY):
+    ops = self.ops
+    unit, skip = self.session.run(ops.claim, {
+        ops.epoch: epoch, ops.worker: worker, ops.seq: seq, ops.at_batch: at,
+        ops.finished: finished[0], ops.finished_batches: finished[1],
+        ops.finished_examples: finished[2], ops.wanted: wanted})
+    return int(unit), int(skip)
+
+  def state(self):
+    return self.session.run(self.ops.state)
+
+  def vector(self):
+    return self.session.run(self.ops.vector)
+
+  def write(self, vector):
+    self.session.run(self.ops.assign, {self.ops.new_vector: vector})
