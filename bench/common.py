@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 __all__ = ["run_tasks", "CpuSampler", "MLP_SIZES", "shard_batches", "generated_batches",
@@ -141,6 +142,20 @@ def run_tasks(module_args: Sequence[str], num_workers: int, num_ps: int = 1,
   if sampler:
     rows["cpu"] = sampler
   return rows
+
+
+def audited_job(module_args: Sequence[str], num_workers: int, per_task_args=None,
+                timeout_secs: float = 300.0, prefix: str = "epochsync-bench-") -> List[dict]:
+  """Runs `python <module_args> --model_dir=D` on every training task of a LocalCluster (D a
+  fresh directory); returns the chief's audit lines of D. Raises ClusterLaunchError (with the
+  failed task's log) if any task failed."""
+  model_dir = tempfile.mkdtemp(prefix=prefix)
+  command = [sys.executable, *module_args, f"--model_dir={model_dir}"]
+  with LocalCluster(num_workers=num_workers, timeout_secs=timeout_secs,
+                    log_dir=os.path.join(model_dir, "logs")) as cluster:
+    cluster.start(command, per_task_args)
+    cluster.wait().check()
+  return read_audit(model_dir)
 
 
 def summary(values: Iterable[float]) -> Dict[str, float]:

@@ -19,15 +19,12 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from typing import Dict, List
 
 from absl import app
 from absl import flags
 
 from bench import common
-from hooks.epoch.audit import read_audit
-from hooks.testing.local_cluster import LocalCluster
 
 _REPETITIONS = flags.DEFINE_integer("repetitions", 3, "Repetitions.", lower_bound=1)
 _TOTAL = flags.DEFINE_integer("total_batches", 160, "Batches per epoch (all workers).")
@@ -41,15 +38,10 @@ _WORKERS = 4
 
 def _job(input_flag: str) -> List[dict]:
   """One asynchronous job of 2 epochs; its audit lines."""
-  model_dir = tempfile.mkdtemp(prefix="epochsync-bench-wq-")
-  command = [sys.executable, _TASK, f"--model_dir={model_dir}", input_flag,
-             "--epochsync_num_epochs=2", "--epochsync_sync=false",
-             "--epochsync_save_checkpoint_secs=0", f"--step_sleep_secs={_SLEEP.value}"]
-  with LocalCluster(num_workers=_WORKERS, timeout_secs=300,
-                    log_dir=os.path.join(model_dir, "logs")) as cluster:
-    cluster.start(command, {f"worker:{_WORKERS - 1}": ["--slowdown=2"]})
-    cluster.wait().check()
-  return read_audit(model_dir)
+  return common.audited_job(
+      [_TASK, input_flag, "--epochsync_num_epochs=2", "--epochsync_sync=false",
+       "--epochsync_save_checkpoint_secs=0", f"--step_sleep_secs={_SLEEP.value}"], _WORKERS,
+      {f"worker:{_WORKERS - 1}": ["--slowdown=2"]}, prefix="epochsync-bench-wq-")
 
 
 def _wall(audit: List[dict]) -> float:

@@ -23,15 +23,12 @@ import json
 import math
 import os
 import sys
-import tempfile
 from typing import Dict, List
 
 from absl import app
 from absl import flags
 
 from bench import common
-from hooks.epoch.audit import read_audit
-from hooks.testing.local_cluster import LocalCluster
 
 _REPETITIONS = flags.DEFINE_integer("repetitions", 3, "Repetitions.", lower_bound=1)
 _FILES = flags.DEFINE_integer("files", 32, "Files per epoch.", lower_bound=4)
@@ -59,15 +56,10 @@ def _ranges(sizes: List[int], most: int) -> List[int]:
 
 def _steps(input_flag: str) -> int:
   """Steps of epoch 1 of one synchronous job of 2 epochs."""
-  model_dir = tempfile.mkdtemp(prefix="epochsync-bench-wqs-")
-  command = [sys.executable, _TASK, f"--model_dir={model_dir}", input_flag,
-             "--epochsync_num_epochs=2", "--epochsync_sync=true",
-             "--epochsync_save_checkpoint_secs=0", f"--step_sleep_secs={_SLEEP.value}"]
-  with LocalCluster(num_workers=_WORKERS, timeout_secs=600,
-                    log_dir=os.path.join(model_dir, "logs")) as cluster:
-    cluster.start(command)
-    cluster.wait().check()
-  audit = read_audit(model_dir)
+  audit = common.audited_job(
+      [_TASK, input_flag, "--epochsync_num_epochs=2", "--epochsync_sync=true",
+       "--epochsync_save_checkpoint_secs=0", f"--step_sleep_secs={_SLEEP.value}"], _WORKERS,
+      timeout_secs=600, prefix="epochsync-bench-wqs-")
   return audit[1]["global_step"] - audit[0]["global_step"]
 
 
