@@ -17,6 +17,7 @@ from hooks.errors import EpochSyncError, TaskDiedError
 from hooks.faults.liveness import LivenessMonitor, Probe
 from hooks.faults.recovery_guard import RecoveryGuardHook
 from hooks.faults.step_retry import retry_duplicate_steps
+from hooks.faults.stuck_step import StuckStepWatchdog
 from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
 
 ADDRESSES = {"worker:0": "w0", "ps:0": "p0", "ps:1": "p1"}
@@ -248,6 +249,95 @@ class TestDuplicateRequest:
     with pytest.raises(tf.errors.AbortedError):
       session.run("x")
     assert len(calls) == 3
+
+
+class _LoseOnce(v1.train.SessionRunHook):
+  """Makes the raw session's `at`-th step a run TensorFlow lost: it never returns and runs
+  nothing (its marker stays behind), as a run rejected on this task whose cancellation never
+  reached the others; `released` lets it return at the test's end (`value`: as done)."""
+
+  def __init__(self, at=3, times=1, value=False):
+    self._at, self._times, self._value = at, times, value
+    self.lost, self.released = 0, threading.Event()
+
+  def after_create_session(self, session, coord):
+    run, calls = session.run, [0]
+
+    def losing_run(*args, **kwargs):
+      if not kwargs.get("feed_dict"):  # not a step (they feed the marker): the watchdog's probe
+        return run(*args, **kwargs)
+      calls[0] += 1
+      if self._at <= calls[0] < self._at + self._times:
+        self.lost += 1
+        self.released.wait(30)
+        if not self._value:
+          raise tf.errors.CancelledError(None, None, "the lost run, cancelled at last")
+      return run(*args, **kwargs)
+    session.run = losing_run
+
+
+class _LocalWatchdog(StuckStepWatchdog):
+  """Its step marker on this process's own device (the guard asks for /job:worker/task:0)."""
+
+  def build(self, device):
+    super().build("/cpu:0")
+
+
+class TestLostRun:
+  """A step TensorFlow lost (its part here never started) is left behind and run again."""
+
+  def _guard(self, cluster):
+    watchdog = _LocalWatchdog("worker:0", lost_after_secs=0.5, exit_fn=cluster.exit)
+    return cluster.guard(stuck_step=watchdog), watchdog
+
+  def test_a_lost_step_runs_again_once_and_the_session_is_left_open(self, caplog):
+    caplog.set_level("INFO", logger="tensorflow")
+    cluster, step = _Cluster(), _step()
+    lose = _LoseOnce(at=3)
+    guard, watchdog = self._guard(cluster)
+    with v1.train.MonitoredSession(hooks=[lose, guard]) as sess:
+      values = [sess.run(step) for _ in range(4)]
+    assert values == [1, 2, 3, 4] and lose.lost == 1  # each step's update exactly once
+    assert watchdog.lost_runs_left_behind == 1 and not cluster.exits
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(w.startswith("worker:0: step 3 of this task has been in TensorFlow's "
+                            "session.run for") and "its part on this task never started" in w
+               and "runs again (retry 1 of 3)" in w for w in warnings), warnings
+    assert "leaves its session open: 1 lost run(s) left behind" in caplog.text
+    lose.released.set()  # the lost run ends with an error: nothing to do
+    time.sleep(0.2)
+    assert not cluster.exits
+
+  def test_a_step_lost_more_than_max_lost_times_ends_the_process(self, caplog):
+    from hooks.faults.stuck_step import MAX_LOST  # pylint: disable=import-outside-toplevel
+    cluster, step = _Cluster(), _step()
+    lose = _LoseOnce(at=2, times=MAX_LOST + 1)
+    guard, _ = self._guard(cluster)
+    session = v1.train.MonitoredSession(hooks=[lose, guard])
+    session.run(step)
+    failed = []
+
+    def second_step():  # the "process" ends in it (its last run raises once released)
+      try:
+        session.run(step)
+      except tf.errors.OpError as e:
+        failed.append(e)
+    threading.Thread(target=second_step, daemon=True).start()
+    assert cluster.exited.wait(10)
+    assert lose.lost == MAX_LOST + 1 and [s for s, _ in cluster.exits] == [1]
+    assert f"The step was lost {MAX_LOST + 1} times; this process ends now" in caplog.text
+    lose.released.set()
+
+  def test_a_run_left_behind_that_comes_back_done_ends_the_process(self, caplog):
+    cluster, step = _Cluster(), _step()
+    lose = _LoseOnce(at=2, value=True)
+    guard, _ = self._guard(cluster)
+    with v1.train.MonitoredSession(hooks=[lose, guard]) as sess:
+      values = [sess.run(step) for _ in range(3)]
+      assert values == [1, 2, 3] and not cluster.exits
+      lose.released.set()  # it ran after all: its step may be in the model twice
+      assert cluster.exited.wait(5)
+    assert "came back done, after the step ran again" in caplog.text
 
 
 def test_a_step_is_retryable_only_when_every_rejecting_task_is_its_own_or_gated():

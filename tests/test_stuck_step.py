@@ -148,3 +148,4 @@ def test_every_job_gets_one_and_an_asynchronous_one_has_the_timeout(sync, has_sy
   watchdog = wiring._stuck_step_watchdog(config, settings, object() if has_sync_hook else None)  # pylint: disable=protected-access
   assert watchdog.task_name == "worker:1"
   assert (watchdog._watch is not None) == timeout  # pylint: disable=protected-access
+  assert watchdog._lost_after == 12.5  # pylint: disable=protected-access  # a quarter of 50 s

@@ -11,6 +11,7 @@ import sys
 from typing import Tuple
 
 from hooks import log as logging
+from hooks.faults.step_runner import WAITING_FRAME
 
 __all__ = ["where", "in_session_run", "exit_after", "exit_process"]
 
@@ -42,10 +43,11 @@ def where(frame) -> Tuple[bool, bool]:
 
 
 def in_session_run(thread_id: int) -> bool:
-  """Whether thread `thread_id` is blocked in (or running) a TensorFlow session.run."""
+  """Whether thread `thread_id` is blocked in (or running) a TensorFlow session.run, or waits
+  for one on a runner thread (hooks.faults.step_runner)."""
   frame = sys._current_frames().get(thread_id)  # pylint: disable=protected-access
   while frame is not None:
-    if frame.f_code.co_name == "_call_tf_sessionrun":
+    if frame.f_code.co_name in ("_call_tf_sessionrun", WAITING_FRAME):
       return True
     frame = frame.f_back
   return False

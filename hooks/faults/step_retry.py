@@ -9,7 +9,8 @@ run again when every task that rejected it is this task (its own partition: noth
 step ran here, and the ps partitions wait for its gradients) or a task of
 `graph_keys.GATED_TASKS` (EpochInput made every stateful op of the step wait for that task's
 partition: hooks.data.step_gate). Any other rejection is left to the recovery guard, which
-names it.
+names it. A step whose rejection TensorFlow never reported (its run lost, found by the
+StuckStepWatchdog: LostRunError) runs again too.
 
 Typical usage (RecoveryGuardHook.after_create_session does it):
   retry_duplicate_steps(session, "worker:1")
@@ -24,7 +25,7 @@ import tensorflow as tf
 
 from hooks import graph_keys
 from hooks import log as logging
-from hooks.faults.stuck_step import StuckStepWatchdog
+from hooks.faults.stuck_step import LostRunError, StuckStepWatchdog
 
 __all__ = ["retry_duplicate_steps", "run_retrying", "rejecting_tasks", "rejected_by_own_task",
            "step_retryable", "run_retryable", "MAX_RETRIES"]
@@ -81,6 +82,8 @@ def run_retrying(fn: Callable[[], Any], what: str, task_name: str,
     except _REPORTED_AS as e:
       if attempt == MAX_RETRIES or not retryable(e):
         raise
+      if isinstance(e, LostRunError):
+        continue  # the watchdog that left the run behind said so at WARNING
       logging.warning(
           "%s: %s was rejected by %s as a duplicate RunGraph request (TensorFlow drew the "
           "request ids of an earlier run); none of its stateful ops ran, so it runs again "
@@ -95,10 +98,14 @@ def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepW
   is logged at WARNING and run again (`run_retrying`) when nothing stateful of it ran: a
   MonitoredSession step by `step_retryable`, any other run by `run_retryable`. Every other
   error passes through unchanged. A `watchdog` (hooks.faults.stuck_step) watches each step's
-  run, retries included."""
+  run, retries included: the step runs on its runner thread, and a run it leaves behind as
+  lost runs again. `session.close` then leaves the session open: it would wait for ever for
+  the runs left behind."""
   run = session.run
   if getattr(run, "_epochsync_retrying", False):
     return
+  if watchdog is not None:
+    _close_unless_runs_left_behind(session, task_name, watchdog)
   graph = getattr(session, "graph", None) or tf.compat.v1.get_default_graph()
   gated = tuple(graph.get_collection(graph_keys.GATED_TASKS))
   steps = [0]
@@ -109,12 +116,32 @@ def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepW
       return run_retrying(lambda: run(*args, **kwargs), "a run of a hook", task_name,
                           lambda e: run_retryable(e, task_name))
     steps[0] += 1
+    call = ((lambda: watchdog.run(lambda: run(*args, **kwargs))) if watchdog else
+            (lambda: run(*args, **kwargs)))
     with watchdog.step(_kind(args, kwargs)) if watchdog else contextlib.nullcontext():
-      return run_retrying(lambda: run(*args, **kwargs), f"step {steps[0]} of this task",
-                          task_name, lambda e: step_retryable(e, task_name, gated))
+      return run_retrying(call, f"step {steps[0]} of this task", task_name,
+                          lambda e: isinstance(e, LostRunError) or
+                          step_retryable(e, task_name, gated))
 
   run_step._epochsync_retrying = True  # pylint: disable=protected-access
   session.run = run_step
+
+
+def _close_unless_runs_left_behind(session, task_name: str,
+                                   watchdog: StuckStepWatchdog) -> None:
+  """Wraps `session.close`: with runs left behind as lost, closing would wait for them."""
+  close = session.close
+
+  def close_unless_runs_left_behind():
+    left = watchdog.lost_runs_left_behind
+    if not left:
+      return close()
+    logging.info("%s leaves its session open: %d lost run(s) left behind are still blocked in "
+                 "TensorFlow, and closing the session would wait for them for ever; the process "
+                 "ends without it", task_name, left)
+    return None
+
+  session.close = close_unless_runs_left_behind
 
 
 def _kind(args, kwargs) -> tuple:

@@ -1,46 +1,51 @@
-"""Ends the process when a training step never comes back from TensorFlow.
+"""Finds a training step that TensorFlow lost, runs it again, and ends a step that never ends.
 
 TensorFlow loses a run now and then: one of its RunGraph requests is rejected as a duplicate
 (docs/reliability.md, "A step rejected as a duplicate request") and the cancellation never
 reaches the run's other partitions, which wait for ever; nothing ends such a run (closing the
-session waits for it). The watchdog finds it two ways and then logs an ERROR naming the step
-and ends the process (exit status 1): the other tasks name it dead within seconds, and the
-restarted job resumes from its newest checkpoint.
+session waits for it). The watchdog finds it two ways:
 
 - **Lost** (every job): each step also sets a local marker to its number, the first thing its
   partition on this task does. A step still running after `lost_after_secs` whose marker is
   behind never started here: TensorFlow rejected this task's part and lost the cancellation of
-  the rest. A step whose marker is set is only slow and is left alone, and so is the first step
-  of each kind (its fetches and feeds): TensorFlow partitions and registers its graph on every
-  task before it starts any partition, which can take long for a large graph.
+  the rest, and nothing of the step ran (every stateful op of a step waits for its part here).
+  The step's run is on a runner thread (hooks.faults.step_runner): the watchdog leaves it
+  behind, with a WARNING, and the step runs again, up to `MAX_LOST` times; then, or if the
+  step ran on the caller's thread, it logs an ERROR naming the step and ends the process
+  (exit status 1), and the restarted job resumes from its newest checkpoint. A step whose
+  marker is set is only slow and is left alone, and so is the first step of each kind (its
+  fetches and feeds): TensorFlow partitions and registers its graph on every task before it
+  starts any partition, which can take long for a large graph.
 - **Too long** (an asynchronous job, `watch` given): an asynchronous step waits for no other
   task, so one still running at `step_timeout_secs` is lost too; a WARNING comes after
-  `warn_after_secs`, then every `log_every_secs`.
+  `warn_after_secs`, then every `log_every_secs`, and at the timeout the process ends.
 
 Typical usage (RecoveryGuardHook does it: build in begin(), before_step() in before_run()):
   watchdog = StuckStepWatchdog("worker:1", watch=StepWatch(600, 60, 30))
   watchdog.build("/job:worker/task:1"); watchdog.bind(session); watchdog.start()
   run_args = watchdog.before_step()
   with watchdog.step():
-    session.run(train_op)
+    watchdog.run(lambda: session.run(train_op))  # LostRunError: run the step again
 """
 
 import contextlib
 import threading
 import time
-from typing import Callable, Hashable, Iterator, Optional
+from typing import Any, Callable, Hashable, Iterator, Optional
 
 import tensorflow as tf
 
 from hooks import log as logging
 from hooks.faults.process_exit import exit_process
+from hooks.faults.step_runner import LostRunError, RunCall, StepRunner
 from hooks.faults.step_watch import StepWatch
 from hooks.faults.waiting import run_options
 
-__all__ = ["StuckStepWatchdog", "EXIT_STATUS", "LOST_AFTER_SECS"]
+__all__ = ["StuckStepWatchdog", "LostRunError", "EXIT_STATUS", "LOST_AFTER_SECS", "MAX_LOST"]
 
 EXIT_STATUS = 1
 LOST_AFTER_SECS = 30.0  # A step's partitions are issued within this (registration included).
+MAX_LOST = 3  # times one step's run is left behind and run again before the process ends
 _FLAG = "--epochsync_step_timeout_secs"
 _PROBE_TIMEOUT_SECS = 5.0
 _v1 = tf.compat.v1
@@ -58,7 +63,10 @@ class StuckStepWatchdog:
     self._exit = exit_fn or exit_process
     timeouts = [lost_after_secs] + ([watch.timeout_secs] if watch else [])
     self._poll_secs = min([1.0] + [t / 10 for t in timeouts])
-    self._number, self._probed = 0, 0
+    self._number, self._attempt, self._probed = 0, 0, None
+    self._lost_runs = 0  # runs of the current step left behind
+    self._runner = StepRunner(task_name, self._came_back)
+    self._call: Optional[RunCall] = None
     self._kinds: set = set()  # the kinds of step (fetches, feeds) run before: registered
     self._first_of_kind = False
     self._session = self._mark = self._marker = self._token = None
@@ -80,6 +88,7 @@ class StuckStepWatchdog:
   def before_step(self) -> Optional[_v1.train.SessionRunArgs]:
     """The next step's marker: run it with the step (a hook's before_run returns this)."""
     self._number += 1
+    self._lost_runs = 0
     if self._mark is None:
       return None
     return _v1.train.SessionRunArgs(self._mark, feed_dict={self._token: self._number})
@@ -100,6 +109,23 @@ class StuckStepWatchdog:
       if self._watch is not None:
         self._watch.finish()
 
+  def run(self, fn: Callable[[], Any]) -> Any:
+    """fn() (the step's session.run, inside `step()`) on the runner thread: its result or error,
+    or LostRunError if the run was lost and left behind (nothing of the step ran: run it again)."""
+    self._attempt += 1
+    self._step_started = time.monotonic()  # each run of the step is judged from its own start
+    call = self._call = self._runner.submit(fn)
+    try:
+      return call.wait_for_run()
+    finally:
+      self._call = None
+
+  @property
+  def lost_runs_left_behind(self) -> int:
+    """Runs left behind so far: each still blocked in TensorFlow (closing the session would
+    wait for them for ever)."""
+    return self._runner.abandoned
+
   def start(self) -> None:
     """Starts the watching thread (once; again after stop())."""
     if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
@@ -111,33 +137,65 @@ class StuckStepWatchdog:
 
   def stop(self) -> None:
     self._stop.set()
+    self._runner.stop()
 
   def _run(self, stop: threading.Event) -> None:
     while not stop.wait(self._poll_secs):
-      if self._lost() or self._too_long():
+      waited = self._lost()
+      if (waited is not None and not self._leave_behind(waited)) or self._too_long():
         self._exit(EXIT_STATUS)
         return
 
-  def _lost(self) -> bool:
-    """Whether the running step's partition here never started (its marker is behind)."""
-    started_at, number = self._step_started, self._number
+  def _lost(self) -> Optional[float]:
+    """How long the running step has waited if its partition here never started (its marker
+    is behind), else None."""
+    started_at, number, attempt = self._step_started, self._number, self._attempt
     waited = None if started_at is None else time.monotonic() - started_at
-    if (waited is None or waited < self._lost_after or self._probed == number or
+    if (waited is None or waited < self._lost_after or self._probed == (number, attempt) or
         self._first_of_kind):
-      return False
+      return None
     started = self._read_marker()
     if started is None:
-      return False  # The probe failed (a busy task): try again next poll.
-    self._probed = number
+      return None  # The probe failed (a busy task): try again next poll.
+    self._probed = (number, attempt)
     if started == number:
-      return False  # It started here: only slow (the timeouts bound it).
-    logging.error(
-        "%s: step %d of this task has been in TensorFlow's session.run for %.0f s and its part "
-        "on this task never started: TensorFlow rejected it as a duplicate RunGraph request and "
-        "lost the cancellation of its other partitions (see docs/reliability.md), so the run can "
-        "never end. This process ends now (exit status %d); restart the job (every task): it "
-        "resumes from its newest checkpoint", self.task_name, number, waited, EXIT_STATUS)
-    return True
+      return None  # It started here: only slow (the timeouts bound it).
+    return waited
+
+  def _leave_behind(self, waited: float) -> bool:
+    """Abandons the lost run so that the step runs again; False if the process must end."""
+    what = (f"{self.task_name}: step {self._number} of this task has been in TensorFlow's "
+            f"session.run for {waited:.0f} s and its part on this task never started: "
+            "TensorFlow rejected it as a duplicate RunGraph request and lost the cancellation "
+            "of its other partitions (see docs/reliability.md), so the run can never end")
+    call = self._call
+    if call is not None and self._lost_runs < MAX_LOST:
+      self._lost_runs += 1
+      if call.abandon(what):
+        logging.warning("%s. Nothing of the step ran (every stateful op of it waits for its "
+                        "part here), so it runs again (retry %d of %d); the lost run stays "
+                        "blocked in TensorFlow until the process ends", what, self._lost_runs,
+                        MAX_LOST)
+      return True
+    logging.error("%s. %s; this process ends now (exit status %d): restart the job (every "
+                  "task), it resumes from its newest checkpoint", what,
+                  f"The step was lost {MAX_LOST + 1} times" if call is not None else
+                  "The run is on the training loop's thread", EXIT_STATUS)
+    return False
+
+  def _came_back(self, call: RunCall, value: Any, error: Optional[BaseException]) -> None:
+    """A run left behind returned after all (the runner thread's callback)."""
+    del call, value
+    if error is not None:
+      logging.info("%s: a step's run left behind as lost ended with %s: %s", self.task_name,
+                   type(error).__name__, getattr(error, "message", error))
+      return
+    logging.error("%s: a step's run left behind as lost (its part on this task had not started "
+                  "after %.0f s) came back done, after the step ran again: the step may be in "
+                  "the model twice, so this process ends now (exit status %d); restart the job "
+                  "(every task), it resumes from its newest checkpoint", self.task_name,
+                  self._lost_after, EXIT_STATUS)
+    self._exit(EXIT_STATUS)
 
   def _read_marker(self) -> Optional[int]:
     if self._session is None or self._marker is None:

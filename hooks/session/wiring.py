@@ -31,7 +31,7 @@ from hooks.checkpoint.unit_resume import UnitResumeHook
 from hooks.epoch.progress import EpochProgressHook
 from hooks.faults.recovery_guard import RecoveryGuardHook
 from hooks.faults.step_watch import StepWatch
-from hooks.faults.stuck_step import StuckStepWatchdog
+from hooks.faults.stuck_step import LOST_AFTER_SECS, StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.config.settings import EpochSyncSettings
 from hooks.workqueue.audit import audit_work_queue
@@ -152,11 +152,14 @@ def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: An
 
 def _stuck_step_watchdog(config: ClusterConfig, settings: EpochSyncSettings,
                          sync_hook: Any) -> Optional[StuckStepWatchdog]:
-  """Every step TensorFlow lost ends the process; so does an asynchronous step past the step
-  timeout: it waits for no other task. (A synchronous step waits for the others;
+  """Every step TensorFlow lost runs again, found within a quarter of the step timeout (the
+  others' steps wait for it that long); an asynchronous step past the step timeout ends the
+  process: it waits for no other task. (A synchronous step waits for the others;
   SafeSyncTokensHook's watchdog bounds that wait.)"""
-  if settings.sync or sync_hook is not None:
-    return StuckStepWatchdog(config.task_name)
   timeout = settings.step_timeout_secs
+  lost_after = min(LOST_AFTER_SECS, timeout / 4)
+  if settings.sync or sync_hook is not None:
+    return StuckStepWatchdog(config.task_name, lost_after_secs=lost_after)
   return StuckStepWatchdog(config.task_name, StepWatch(
-      timeout, min(settings.warn_after_secs, timeout / 2), settings.log_every_secs))
+      timeout, min(settings.warn_after_secs, timeout / 2), settings.log_every_secs),
+                           lost_after_secs=lost_after)

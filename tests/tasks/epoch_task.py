@@ -12,12 +12,15 @@
   --hang_worker=2 --hang_step=5     worker id 2's 5th step never comes back from session.run (it
                                     also fetches a dequeue from an empty queue: a run TensorFlow
                                     lost, as after a duplicate RunGraph whose cancellation was lost)
-  --hang_lost                       ... and its step marker is reset after the step set it: the
-                                    watchdog sees a step whose part on this task never started
+  --lose_step=5                     --hang_worker's 5th step is a run TensorFlow lost: its
+                                    session.run never returns and runs nothing (as a RunGraph
+                                    rejected on this task whose cancellation the others never
+                                    got); the step's run again is normal
 """
 
 import faulthandler
 import signal
+import threading
 import time
 
 from absl import app
@@ -40,8 +43,8 @@ _SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0,
 _MID_SAVE_SLEEP = flags.DEFINE_float(
     "mid_epoch_save_sleep_secs", 0.0, "Each mid-epoch checkpoint of the chief takes this long more.")
 _HANG_WORKER = flags.DEFINE_integer("hang_worker", -1, "Worker id whose step never returns.")
-_HANG_LOST = flags.DEFINE_bool("hang_lost", False, "The hanging step looks lost: its part on "
-                                "this task seems never to have started.")
+_LOSE_STEP = flags.DEFINE_integer("lose_step", 0, "--hang_worker's step (from 1) whose first "
+                                  "run is lost: it never returns and runs nothing.")
 _HANG_STEP = flags.DEFINE_integer("hang_step", 5, "Which step of --hang_worker hangs (from 1).")
 _RESTORE_SLEEP = flags.DEFINE_float("restore_sleep_secs", 0.0,
                                     "Each checkpoint restore takes this much longer.")
@@ -104,13 +107,6 @@ class _HangStep(tf.compat.v1.train.SessionRunHook):
       queue = tf.queue.FIFOQueue(_HANG_STEP.value, tf.int32)
       self._fill = queue.enqueue_many([tf.range(_HANG_STEP.value - 1)])
       self._never = queue.dequeue()
-      if _HANG_LOST.value:  # after the RecoveryGuardHook's marker set it: as if never set
-        # (in every step: only the hanging one runs long enough for the marker to be read)
-        graph = tf.compat.v1.get_default_graph()
-        marker = graph.get_tensor_by_name("epochsync_step_marker/started:0")
-        with tf.control_dependencies([graph.get_operation_by_name("epochsync_step_marker/Assign")]):
-          reset = tf.compat.v1.assign(marker.op.outputs[0], -1)
-        self._never = [self._never, reset]
 
   def after_create_session(self, session, coord):
     session.run(self._fill)
@@ -120,6 +116,23 @@ class _HangStep(tf.compat.v1.train.SessionRunHook):
     if self._steps == _HANG_STEP.value:
       print(f"step {self._steps}: hanging in session.run", flush=True)
     return tf.compat.v1.train.SessionRunArgs(self._never)
+
+
+def _lose_a_step(number: int) -> None:
+  """The first run of this task's step `number` never returns and runs nothing: session.run
+  (below tf-epochsync's wrappers) blocks before TensorFlow sees it. The step is found by the
+  StuckStepWatchdog's marker feed, which carries the step's number."""
+  run, lost = tf.compat.v1.Session.run, []
+
+  def losing_run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+    marked = [v for k, v in (feed_dict or {}).items()
+              if getattr(k, "name", "") == "epochsync_step_marker/step:0"]
+    if marked == [number] and not lost:
+      lost.append(number)
+      print(f"step {number}: lost in session.run", flush=True)
+      threading.Event().wait(3600)  # "for ever": the watchdog leaves this thread behind
+    return run(self, fetches, feed_dict, options, run_metadata)
+  tf.compat.v1.Session.run = losing_run
 
 
 class _DelayBegin(tf.compat.v1.train.SessionRunHook):
@@ -134,7 +147,10 @@ def _extra_hooks(config, epoch_input):
   if config.is_chief and _CHIEF_DELAY.value > 0:
     hooks.append(_DelayBegin())
   if config.worker_id == _HANG_WORKER.value:
-    hooks.append(_HangStep())
+    if _LOSE_STEP.value:
+      _lose_a_step(_LOSE_STEP.value)
+    else:
+      hooks.append(_HangStep())
   if config.worker_id == _STALL_WORKER.value:
     epoch_input.add_listener(_Stall())
   return hooks
