@@ -9,14 +9,16 @@ Typical usage:
 """
 
 __all__ = ["DONE_OPS", "EPOCH_START_OPS", "GATED_TASKS", "RESET_OPS", "STATE_VARIABLES",
-           "STEP_START_OPS", "SYNC_TRAIN_OPS"]
+           "STEP_GATES", "STEP_MARKERS", "STEP_START_OPS", "SYNC_TRAIN_OPS"]
 
 # Ops each worker runs once per epoch right after its shard for the epoch is exhausted
 # (immediately at epoch start for an empty shard), before it arrives at the epoch barrier.
 DONE_OPS = "epochsync_done_ops"
 
 # Ops each worker runs at the start of every epoch (after the start or epoch_end barrier
-# released it, before its first step of the epoch), e.g. refreshing a local step.
+# released it, before its first step of the epoch), e.g. refreshing a local step. They run in
+# the run that starts the epoch's first pass, which runs again when TensorFlow rejected it as a
+# duplicate request on any task: their stateful ops must be on the worker's own task.
 EPOCH_START_OPS = "epochsync_epoch_start_ops"
 
 # Ops the chief runs once at the start of every run, before any task uses the ps-side queues
@@ -42,3 +44,10 @@ STEP_START_OPS = "epochsync_step_start_ops"
 # The tasks ("ps:0", ...) whose partition of a training step gates its stateful ops
 # (hooks.data.step_gate); hooks.faults.step_retry retries a step any of them rejected.
 GATED_TASKS = "epochsync_gated_tasks"
+
+# The gate's ops (one timestamp per gated task: hooks.data.step_gate), and the ops that wait for
+# them besides the input read: the StuckStepWatchdog's step marker, so that a marker still
+# behind means the step's stateful ops never ran (its part here, or a gated task's, never
+# started). Whichever of the two is built second adds the control edges.
+STEP_GATES = "epochsync_step_gates"
+STEP_MARKERS = "epochsync_step_markers"

@@ -117,3 +117,21 @@ def test_the_gated_graph_exports_without_a_warning():
     finally:
       tf.get_logger().removeHandler(handler)
   assert [r.getMessage() for r in records if "serializ" in r.getMessage()] == []
+
+
+def test_the_step_marker_waits_for_every_ps_whichever_is_built_first():
+  """The StuckStepWatchdog's marker is set only once every gated ps's part of the step started:
+  a marker still behind then means none of the step's stateful ops ran."""
+  from hooks.faults.stuck_step import StuckStepWatchdog  # pylint: disable=import-outside-toplevel
+  for marker_first in (True, False):
+    with tf.Graph().as_default():
+      epoch_input, _ = _two_ps_sync_graph()
+      watchdog = StuckStepWatchdog("worker:1")
+      if marker_first:
+        watchdog.build(WORKER)
+      epoch_input.hook.begin()
+      if not marker_first:
+        watchdog.build(WORKER)
+      mark = watchdog.before_step().fetches.op
+      assert mark.device == WORKER
+      assert _gates(mark) == ["/job:ps/task:0", "/job:ps/task:1"], marker_first

@@ -18,6 +18,7 @@ from typing import Dict, Optional, Sequence
 import tensorflow as tf
 
 from hooks.faults import heartbeat
+from hooks.faults import step_retry
 from hooks import log as logging
 from hooks.config import preflight
 from hooks.epoch.barrier import EpochBarrierHook
@@ -149,9 +150,9 @@ class ChiefSaveAfterBarrierHook(_v1.train.SessionRunHook):
       listener.before_save(session, step)
     start = time.monotonic()
     tf.io.gfile.makedirs(self._dir)
-    path = self._get_saver().save(session, epoch_checkpoint_prefix(self._dir, epoch,
-                                                                    self._basename),
-                                  global_step=step, write_meta_graph=self._save_graph_def)
+    path = step_retry.run_rerunnable(lambda: self._get_saver().save(
+        session, epoch_checkpoint_prefix(self._dir, epoch, self._basename), global_step=step,
+        write_meta_graph=self._save_graph_def), f"the save of epoch {epoch}", self._task_name)
     saved_at = time.time()
     logging.info("chief saved epoch %d (global_step %d, %d workers done) to %s in %.2f s",
                  epoch, step, len(arrivals), path, time.monotonic() - start)

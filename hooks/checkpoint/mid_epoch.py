@@ -28,6 +28,7 @@ import tensorflow as tf
 from hooks.epoch import audit as audit_lib
 from hooks import graph_keys
 from hooks.faults import heartbeat
+from hooks.faults import step_retry
 from hooks import log as logging
 from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError
@@ -214,14 +215,17 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
     start = time.monotonic()
     position = [epoch, epoch_steps, self._barrier.num_workers, self._first_attempt
                 if epoch == self._resumed_epoch else self._attempt, self._attempt]
-    step = int(session.run(self._set_position, {self._position: position},
-                           options=run_options(_TIMEOUT_SECS)))
+    # Both runs set what they set again when run twice: run again if TensorFlow rejected them.
+    task = self._barrier.task_name
+    step = int(step_retry.run_rerunnable(lambda: session.run(
+        self._set_position, {self._position: position}, options=run_options(_TIMEOUT_SECS)),
+                                         "the mid-epoch position's write", task))
     # A new thread is eager (TF2 behaviour); Saver needs graph. busy: the steps waiting for
     # this save (synchronous: the chief saves between two aggregations) see progress.
     with self._graph.as_default(), heartbeat.busy("saving"):
-      path = self._get_saver().save(
+      path = step_retry.run_rerunnable(lambda: self._get_saver().save(
           session, os.path.join(mid_epoch_dir(self._dir), f"{self._basename}-epoch{epoch:04d}"),
-          global_step=step, write_meta_graph=False)
+          global_step=step, write_meta_graph=False), "the mid-epoch checkpoint save", task)
     logging.info("chief saved a mid-epoch checkpoint of epoch %d (%s, global_step %d) to %s in "
                  "%.2f s", epoch, f"{epoch_steps} synchronous steps" if epoch_steps >= 0 else
                  "asynchronous", step, path, time.monotonic() - start)

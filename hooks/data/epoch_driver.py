@@ -23,6 +23,7 @@ from hooks.data import step_gate
 from hooks.data.epoch_listener import EpochStats
 from hooks.data.passes import PassEnd, PassStart
 from hooks.errors import EpochIncompleteError, raise_if_problems
+from hooks.faults import step_retry
 from hooks.faults.waiting import run_options
 
 __all__ = ["EpochDriverHook"]
@@ -113,9 +114,8 @@ class EpochDriverHook(_v1.train.SessionRunHook):
       self._batches, self._examples = self._skipped, self._skipped_examples
       start = self._input.passes.first_pass(session, self._epoch, self._batches)
       skip = self._skipped if start.skip is None else start.skip
-      has_value = session.run(self._start_and_preload, {
-          self._input._epoch_value: self._epoch, self._input._skip: skip,
-          **start.feeds})["has_next"]
+      has_value = self._run_start(session, self._start_and_preload, {
+          self._input._epoch_value: self._epoch, self._input._skip: skip, **start.feeds})
       self._pass_started(session, start)
       for listener in self._input.listeners:
         listener.epoch_started(session, self._epoch)
@@ -135,11 +135,19 @@ class EpochDriverHook(_v1.train.SessionRunHook):
       start = self._input.passes.next_pass(session, self._epoch, ended)
       if start is None:
         return False
-      has_next = session.run(self._start_pass, {self._input._skip: start.skip or 0,
-                                                **start.feeds})["has_next"]
+      has_next = self._run_start(session, self._start_pass,
+                                 {self._input._skip: start.skip or 0, **start.feeds})
       self._pass_started(session, start)
       if has_next:
         return True
+
+  def _run_start(self, session, fetches, feeds) -> bool:
+    """Runs a pass's start; whether it has a batch. Its stateful ops are all on this task and
+    its read waits for the step gate's ps parts, so a run any task rejected as a duplicate
+    request ran none of them and runs again (the session's own retry takes only a ps's)."""
+    return step_retry.run_rerunnable(
+        lambda: session.run(fetches, feeds), f"the start of epoch {self._epoch}'s pass",
+        self._input.task_name)["has_next"]
 
   def _pass_started(self, session, start: PassStart) -> None:
     """A pass resumed after `start.skip` batches: they count in the pass, not in the steps."""

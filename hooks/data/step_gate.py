@@ -7,7 +7,7 @@ whose own partition took its batch before a ps partition was rejected could not 
 exactly. The gate makes each task that holds a variable (every ps) send a timestamp (stateful:
 never constant-folded) that the step's input read waits for, and the ops in
 `graph_keys.STEP_START_OPS` (e.g. the sync optimizer's GRAD marker, on a ps) wait for that
-read: when any partition of the step is rejected, none of the step's stateful ops ran, and
+read, and the step marker (`graph_keys.STEP_MARKERS`) waits for the gate itself: when any partition of the step is rejected, none of the step's stateful ops ran, and
 the step runs again (hooks.faults.step_retry). Cost: each step's batch is taken one message
 from every ps later; the model's ops wait for the variables anyway.
 
@@ -70,6 +70,10 @@ def install(input_ops: Sequence[tf.Operation], own_device: str) -> List[str]:
     op._add_control_inputs(gates)  # pylint: disable=protected-access
   for op in graph.get_collection(graph_keys.STEP_START_OPS):
     op._add_control_inputs([input_ops[0]])  # pylint: disable=protected-access
+  for op in graph.get_collection(graph_keys.STEP_MARKERS):
+    op._add_control_inputs(gates)  # pylint: disable=protected-access
+  for gate in gates:
+    graph.add_to_collection(graph_keys.STEP_GATES, gate)
   tasks = [task_of(g.device) for g in gates]
   for task in tasks:
     graph.add_to_collection(graph_keys.GATED_TASKS, task)

@@ -27,8 +27,8 @@ from hooks import graph_keys
 from hooks import log as logging
 from hooks.faults.stuck_step import LostRunError, StuckStepWatchdog
 
-__all__ = ["retry_duplicate_steps", "run_retrying", "rejecting_tasks", "rejected_by_own_task",
-           "step_retryable", "run_retryable", "MAX_RETRIES"]
+__all__ = ["retry_duplicate_steps", "run_retrying", "run_rerunnable", "rejecting_tasks",
+           "rejected_by_own_task", "step_retryable", "run_retryable", "MAX_RETRIES"]
 
 MAX_RETRIES = 3
 # The step's error: ABORTED, or CANCELLED when another partition's cancellation is reported first.
@@ -91,6 +91,16 @@ def run_retrying(fn: Callable[[], Any], what: str, task_name: str,
           ", ".join(sorted(rejecting_tasks(e))), attempt + 1, MAX_RETRIES,
           getattr(e, "message", e))
   raise AssertionError("unreachable")
+
+
+def run_rerunnable(fn: Callable[[], Any], what: str, task_name: str) -> Any:
+  """fn(), a run whose stateful ops may run twice with the same effect (a checkpoint save to one
+  path, an assign of fed values) or are all on this task: run again when any task rejected it
+  as a duplicate request (the session's own retry takes only a ps's rejection).
+
+    path = run_rerunnable(lambda: saver.save(session, prefix), "the epoch save", "worker:0")
+  """
+  return run_retrying(fn, what, task_name, lambda e: bool(rejecting_tasks(e)))
 
 
 def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepWatchdog] = None) -> None:

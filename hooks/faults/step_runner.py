@@ -38,7 +38,8 @@ class LostRunError(tf.errors.AbortedError):
 class RunCall:
   """One session.run handed to a runner: its outcome, or its abandonment, whichever is first."""
 
-  def __init__(self, fn: Callable[[], Any], on_late: Callable[["RunCall", Any, Optional[BaseException]], None]):
+  def __init__(self, fn: Callable[[], Any],
+               on_late: Callable[["RunCall", Any, Optional[BaseException]], None]):
     self._fn, self._on_late = fn, on_late
     self._lock = threading.Lock()
     self._done = threading.Lock()  # held until the outcome is in (cheaper to hand over than

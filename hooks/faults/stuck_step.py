@@ -6,9 +6,11 @@ reaches the run's other partitions, which wait for ever; nothing ends such a run
 session waits for it). The watchdog finds it two ways:
 
 - **Lost** (every job): each step also sets a local marker to its number, the first thing its
-  partition on this task does. A step still running after `lost_after_secs` whose marker is
-  behind never started here: TensorFlow rejected this task's part and lost the cancellation of
-  the rest, and nothing of the step ran (every stateful op of a step waits for its part here).
+  partition on this task does once every gated task's partition started (EpochInput's step
+  gate: hooks.data.step_gate). A step still running after `lost_after_secs` whose marker is
+  behind never started here or on a gated task: TensorFlow rejected that part and lost the
+  cancellation of the rest, and nothing of the step ran (every stateful op of a step waits for
+  the gate).
   The step's run is on a runner thread (hooks.faults.step_runner): the watchdog leaves it
   behind, with a WARNING, and the step runs again, up to `MAX_LOST` times; then, or if the
   step ran on the caller's thread, it logs an ERROR naming the step and ends the process
@@ -35,6 +37,7 @@ from typing import Any, Callable, Hashable, Iterator, Optional
 
 import tensorflow as tf
 
+from hooks import graph_keys
 from hooks import log as logging
 from hooks.faults.process_exit import exit_process
 from hooks.faults.step_runner import LostRunError, RunCall, StepRunner
@@ -80,6 +83,12 @@ class StuckStepWatchdog:
                                   collections=[_v1.GraphKeys.LOCAL_VARIABLES], use_resource=False)
       self._token = _v1.placeholder(tf.int64, [], "step")
       self._mark = self._marker.assign(self._token)
+    # Set once every gated task's part of the step started too (hooks.data.step_gate).
+    graph = _v1.get_default_graph()
+    graph.add_to_collection(graph_keys.STEP_MARKERS, self._mark.op)
+    gates = graph.get_collection(graph_keys.STEP_GATES)
+    if gates:
+      self._mark.op._add_control_inputs(gates)  # pylint: disable=protected-access
 
   def bind(self, session) -> None:
     """The session the probes read the marker through."""
@@ -165,15 +174,16 @@ class StuckStepWatchdog:
   def _leave_behind(self, waited: float) -> bool:
     """Abandons the lost run so that the step runs again; False if the process must end."""
     what = (f"{self.task_name}: step {self._number} of this task has been in TensorFlow's "
-            f"session.run for {waited:.0f} s and its part on this task never started: "
-            "TensorFlow rejected it as a duplicate RunGraph request and lost the cancellation "
-            "of its other partitions (see docs/reliability.md), so the run can never end")
+            f"session.run for {waited:.0f} s and its part on this task never started, or "
+            "waits for a ps part that never did: TensorFlow rejected that part as a duplicate "
+            "RunGraph request and lost the cancellation of the others (see "
+            "docs/reliability.md), so the run can never end")
     call = self._call
     if call is not None and self._lost_runs < MAX_LOST:
       self._lost_runs += 1
       if call.abandon(what):
-        logging.warning("%s. Nothing of the step ran (every stateful op of it waits for its "
-                        "part here), so it runs again (retry %d of %d); the lost run stays "
+        logging.warning("%s. Nothing of the step ran (every stateful op of it waits for "
+                        "those parts), so it runs again (retry %d of %d); the lost run stays "
                         "blocked in TensorFlow until the process ends", what, self._lost_runs,
                         MAX_LOST)
       return True
