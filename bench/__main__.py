@@ -9,7 +9,8 @@
                              (about 55 minutes more)
   ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
-                             save_stall, run_cost, work_queue, work_queue_sync, claim_cost
+                             save_stall, run_cost, work_queue, work_queue_sync, claim_cost,
+                             step_runner_cost
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
@@ -54,6 +55,7 @@ _FULL = {
                                         "--unit_batches=4,8,16", "--output={out}.json"]),
     "work_queue_sync": ("bench.work_queue_sync", ["--repetitions=3", "--output={out}.json"]),
     "claim_cost": ("bench.claim_cost", ["--claimers=2,8,32", "--output={out}.json"]),
+    "step_runner_cost": ("bench.step_runner_cost", ["--output={out}.json"]),
 }
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),

@@ -149,3 +149,13 @@ def test_every_job_gets_one_and_an_asynchronous_one_has_the_timeout(sync, has_sy
   assert watchdog.task_name == "worker:1"
   assert (watchdog._watch is not None) == timeout  # pylint: disable=protected-access
   assert watchdog._lost_after == 12.5  # pylint: disable=protected-access  # a quarter of 50 s
+
+
+def test_the_step_runner_benchmark_measures_both_ways():
+  from bench import step_runner_cost  # pylint: disable=import-outside-toplevel
+  result = step_runner_cost.measure(pairs=2, runs=20)
+  assert len(result["pairs"]) == 2
+  for row in result["pairs"]:
+    assert row["direct_wall_us"] > 0 and row["runner_wall_us"] > 0
+  assert set(result["summary"]) == {"direct_wall_us", "runner_wall_us", "extra_wall_us",
+                                    "extra_cpu_us"}
