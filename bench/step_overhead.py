@@ -24,6 +24,7 @@ Typical usage:
   python -m bench.step_overhead --trace --pairs=0 --workers=2,4,8   # op counts only
   python -m bench.step_overhead --models=mlp0.1m,mlp1m,ctr --workers=2,4 --pairs=20
   python -m bench.step_overhead --variants=async,async-hooks    # epoch hooks without sync
+  python -m bench.step_overhead --models=ctr --workers=2 --variants=ours,ours-units  # the queue
   python -m bench.step_overhead --variants=stock,ours@/tmp/base,ours   # a change vs its base
 """
 
@@ -56,10 +57,12 @@ _PLOT = flags.DEFINE_string("plot", None, "Write a PNG of the extra ms per step 
 _VARIANTS = flags.DEFINE_list("variants", ["stock", "ours"], "Run alternately, in this order; "
                               "ratios are against the first. `ours@DIR`: ours with the hooks "
                               "and bench of the checkout in DIR (e.g. the commit before a change).")
+_UNIT_BATCHES = flags.DEFINE_integer("unit_batches", 15, "ours-units: batches per work unit.",
+                                     lower_bound=1)
 _TRACE = flags.DEFINE_bool("trace", False, "Before the timed runs, one run per variant that "
                            "traces step 30 (RunMetadata FULL_TRACE) and counts its ops.")
 
-_SYNC = ("stock", "ours", "ours-bare")
+_SYNC = ("stock", "ours", "ours-units", "ours-bare")
 
 
 def _cases() -> List[Tuple[str, str, str]]:
@@ -103,7 +106,8 @@ def _one_run(variant: str, num_workers: int, model: str, params: str, others: Ot
              trace: bool = False) -> dict:
   module, task_variant = _task_module(variant)
   args = module + [f"--variant={task_variant}", f"--model={model}",
-                   f"--params={params}", f"--steps={_STEPS.value}", f"--warmup={_WARMUP.value}"]
+                   f"--params={params}", f"--steps={_STEPS.value}", f"--warmup={_WARMUP.value}",
+                   f"--unit_batches={_UNIT_BATCHES.value}"]
   if trace:
     args += [f"--trace_step={min(30, _STEPS.value - 1)}", "--time_hooks"]
   load, others_before = common.load_average()[0], others.cores_before()
@@ -119,7 +123,9 @@ def _one_run(variant: str, num_workers: int, model: str, params: str, others: Ot
   last = max(row["tokens"][-1] for row in rows.values())
   # Sync: the last token is the global step after _STEPS updates. Async: every worker's steps
   # raised global_step, less the increments TensorFlow's unlocked assign_add may lose.
-  ok = (last == _STEPS.value if task_variant in _SYNC else
+  # ours-units: as many steps as the units the busiest worker took (all the same size).
+  ok = (last == _STEPS.value if task_variant in _SYNC and task_variant != "ours-units" else
+        _STEPS.value <= last <= 2 * _STEPS.value if task_variant == "ours-units" else
         _STEPS.value * num_workers * 0.9 <= last <= _STEPS.value * num_workers)
   if not ok:
     raise RuntimeError(f"{variant}: last global step {last} after {_STEPS.value} steps of "

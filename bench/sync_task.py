@@ -2,6 +2,9 @@
 
 --variant=stock:       tf.compat.v1.train.SyncReplicasOptimizer (num_tokens=0), plain iterator.
 --variant=ours:        WorkerDoneSyncReplicasOptimizer with EpochInput and the epoch-sync hooks.
+--variant=ours-units:  the same, the input from a work queue (hooks.workqueue): every worker's
+                       batches, concatenated, cut into units of --unit_batches batches; each
+                       worker trains until the queue is empty (about as many steps).
 --variant=ours-bare:   our optimizer and its hook on a plain iterator, no epoch hooks.
 --variant=async:       plain (asynchronous) SGD, plain iterator, no hooks.
 --variant=async-hooks: plain SGD with EpochInput and the epoch-sync hooks.
@@ -21,6 +24,7 @@ Typical usage (what bench.step_overhead starts on every task of a LocalCluster):
 
 import collections
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -36,10 +40,11 @@ from hooks.session import creators as session_lib
 from hooks.data.epoch_input import EpochInput
 from hooks.session.wiring import epoch_sync_hooks
 from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.workqueue import WorkUnit, work_queue_input
 
 __all__ = ["VARIANTS"]
 
-VARIANTS = ("stock", "ours", "ours-bare", "async", "async-hooks")
+VARIANTS = ("stock", "ours", "ours-units", "ours-bare", "async", "async-hooks")
 
 _VARIANT = flags.DEFINE_enum("variant", "ours", VARIANTS, "What to run (see the module doc).")
 _MODEL = flags.DEFINE_enum("model", "mlp", ["mlp", "ctr"], "mlp (dense) or ctr (sparse).")
@@ -57,20 +62,40 @@ _SAVE_STEPS = flags.DEFINE_integer("save_steps", 0, "The chief saves a checkpoin
                                    "--model_dir every this many steps (0: never): stock with a "
                                    "CheckpointSaverHook, ours with a mid-epoch save.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Where --save_steps saves go.")
+_UNIT_BATCHES = flags.DEFINE_integer("unit_batches", 15, "ours-units: batches per work unit.",
+                                     lower_bound=1)
 
 _v1 = tf.compat.v1
 
 
-def _dataset(worker_id: int) -> tf.data.Dataset:
+def _rows(worker_id: int):
+  """The examples of `worker_id`'s shard: (features, labels) arrays of --steps batches."""
   rng = np.random.default_rng(worker_id)
   n = _STEPS.value * _BATCH.value
   if _MODEL.value == "ctr":
     ids = rng.zipf(1.2, size=(n, _SLOTS.value)) % _VOCAB.value  # Skewed, as CTR ids are.
-    labels = rng.integers(0, 2, size=(n, 1)).astype(np.float32)
-    return tf.data.Dataset.from_tensor_slices((ids.astype(np.int64), labels)).batch(_BATCH.value)
-  width = MLP_SIZES[_PARAMS.value][0]
-  x = rng.normal(size=(n, width)).astype(np.float32)
-  return tf.data.Dataset.from_tensor_slices((x, x)).batch(_BATCH.value)
+    return ids.astype(np.int64), rng.integers(0, 2, size=(n, 1)).astype(np.float32)
+  x = rng.normal(size=(n, MLP_SIZES[_PARAMS.value][0])).astype(np.float32)
+  return x, x
+
+
+def _dataset(worker_id: int) -> tf.data.Dataset:
+  return tf.data.Dataset.from_tensor_slices(_rows(worker_id)).batch(_BATCH.value)
+
+
+def _work_queue_input(config, settings):
+  """ours-units: every worker's rows, concatenated, in units of --unit_batches batches."""
+  shards = [_rows(w) for w in range(config.num_workers)]
+  rows = tuple(np.concatenate(parts) for parts in zip(*shards))
+  size = _UNIT_BATCHES.value * _BATCH.value
+  units = [WorkUnit("", start, min(start + size, len(rows[1])))
+           for start in range(0, len(rows[1]), size)]
+
+  def unit_fn(unit):
+    examples = tf.data.Dataset.from_tensor_slices(rows)
+    return examples.skip(unit.start).take(unit.count).batch(_BATCH.value)
+  return work_queue_input(units, unit_fn, 1, config.num_workers, config.worker_id,
+                          config.task_name, settings=settings)
 
 
 def _loss(x, y, num_ps: int):
@@ -191,13 +216,16 @@ def main(argv):
   del argv
   config, settings, server = task_common.start_task()
   variant, n = _VARIANT.value, config.num_workers
-  epoch_hooks = variant in ("ours", "async-hooks")
-  sync = variant in ("stock", "ours", "ours-bare")
+  epoch_hooks = variant in ("ours", "ours-units", "async-hooks")
+  sync = variant in ("stock", "ours", "ours-units", "ours-bare")
   sgd = _v1.train.GradientDescentOptimizer(0.01)
   with _v1.device(_v1.train.replica_device_setter(
       worker_device=config.job_device, cluster=config.cluster_spec())):
     global_step = _v1.train.get_or_create_global_step()
-    if epoch_hooks:
+    if variant == "ours-units":
+      epoch_input = _work_queue_input(config, settings)
+      x, y = epoch_input.get_next()
+    elif epoch_hooks:
       epoch_input = EpochInput(_dataset(config.worker_id), 1, config.task_name)
       x, y = epoch_input.get_next()
     else:
@@ -236,7 +264,11 @@ def main(argv):
   sess = _v1.train.MonitoredSession(session_creator=creator, hooks=hooks)
   if not epoch_hooks:
     _start_together(sess, started, n)
-  for step in range(_STEPS.value):
+  # ours-units: a worker trains until the queue has no unit left for it (the hooks stop it).
+  steps = itertools.count() if variant == "ours-units" else range(_STEPS.value)
+  for step in steps:
+    if variant == "ours-units" and sess.should_stop():
+      break
     if step == _WARMUP.value:
       cpu, wall, window_start = time.process_time(), time.perf_counter(), time.time()
     kwargs = {}
@@ -252,7 +284,7 @@ def main(argv):
   window = (window_start, time.time())  # The measured steps, on the clock bench's sampler uses.
   params = sum(int(np.prod(v.shape)) for v in _v1.trainable_variables())
   path = os.path.join(_OUTPUT_DIR.value, config.task_name.replace(":", "-") + ".json")
-  measured = _STEPS.value - _WARMUP.value
+  measured = len(times) - _WARMUP.value
   with open(path, "w") as f:
     json.dump({"task": config.task_name, "variant": variant, "model": _MODEL.value,
                "params": params, "tokens": tokens, "step_secs": times,
