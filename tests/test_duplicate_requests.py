@@ -56,19 +56,21 @@ def _ended_by_a_run_tensorflow_could_not_end(result) -> bool:
     job, index = task.name.split(":")
     own = f"From /job:{job}/replica:0/task:{index}:\nThe same R"
     if task.returncode not in (0, None) and (
-        own in task.log or _held_by_a_hooks_run(task.log) or
+        own in task.log or _held_by_a_run_outside_the_steps(task.log) or
         "while a session was being created" in task.log):
       return True
   return False
 
 
-def _held_by_a_hooks_run(log: str) -> bool:
+def _held_by_a_run_outside_the_steps(log: str) -> bool:
   """The task was killed (its stack dumped: tests/tasks/epoch_task.py) with its main thread in
-  a hook's session.run: a run TensorFlow lost outside a step."""
+  the session.run of a hook or of the session's creation: a run TensorFlow lost outside a
+  step."""
   main = log.split("Current thread", 1)[-1] if "Current thread" in log else ""
   stack = main.split("\n\n", 1)[0]
   return "_call_tf_sessionrun" in stack and re.search(
-      r"line \d+ in (after_run|before_run|end|after_create_session)\n", stack) is not None
+      r"line \d+ in (after_run|before_run|end|after_create_session|create_session)\n",
+      stack) is not None
 
 
 @pytest.mark.timeout(600)
