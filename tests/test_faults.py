@@ -221,3 +221,32 @@ def test_a_step_tensorflow_lost_runs_again_and_the_job_stays_exact(tmp_path, syn
         f"worker:{i}": n for i, n in enumerate(shards)}
   if sync:
     assert_equals_oracle(audit[-1]["checkpoint"], "linear", shards, 2)
+
+
+@pytest.mark.timeout(240)
+def test_an_aggregation_run_tensorflow_lost_runs_again_and_the_job_stays_exact(tmp_path):
+  """The chief's 4th aggregation run is a run TensorFlow lost (2 ps: rejected on one, its
+  cancellation lost on the other): it never returns and runs nothing. The chief's watchdog
+  finds it (its count of runs begun on every ps is behind), leaves it behind with its thread,
+  and a new aggregation thread runs it again: every task ends by itself and the parameters are
+  the lockstep oracle's. Before, every worker's step waited for its token until the step
+  timeout ended the job."""
+  model_dir, shards = str(tmp_path / "model"), (8, 5, 3)
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=8,5,3",
+                    "--epochsync_num_epochs=2", "--step_sleep_secs=0.05",
+                    "--epochsync_step_timeout_secs=40"]
+  with LocalCluster(num_workers=3, num_ps=2, timeout_secs=200,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(command, per_task_args={"worker:0": ["--lose_aggregation=4"]})
+    result = cluster.wait()
+  for task in result.tasks.values():
+    assert task.returncode == 0 and not task.timed_out, task.tail(30)
+  chief = result.tasks["worker:0"]
+  assert "aggregation 4: lost in session.run" in chief.log
+  assert re.search(r"\nW\d{4} [^\n]*worker:0: the aggregation run has been in TensorFlow's "
+                   r"session.run for \d+ s and never started on every ps.*runs it again "
+                   r"\(retry 1 of 3\)", chief.log), chief.tail()
+  assert "leaves its session open: 1 lost run(s) left behind" in chief.log
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1]
+  assert_equals_oracle(audit[-1]["checkpoint"], "linear", shards, 2)

@@ -132,8 +132,9 @@ class TestWorkerDoneSyncReplicasOptimizer:
     (agg2, _), (agg8, _) = self._graph_ops(2), self._graph_ops(8)
     assert len(agg8) - len(agg2) == 2 * 6
     # Both branches, one dense variable; 36 before issue 22's Merge took the enqueues' edges,
-    # 35 after; 36 since num_active is a ps variable (and its Assign) instead of a feed.
-    assert len(agg2) <= 36, sorted(op.name for op in agg2)
+    # 35 after; 36 since num_active is a ps variable (and its Assign) instead of a feed; 39
+    # since the count of runs begun on every ps (its variable, AssignAdd and 1) finds a lost run.
+    assert len(agg2) <= 39, sorted(op.name for op in agg2)
     # Nothing is fed: a scalar fed to ps:0 every step cost the chief ~0.3 ms of CPU.
     assert not [op.name for op in agg2 if op.type == "Placeholder"]
     per_worker = sorted(op.type for op in agg8)

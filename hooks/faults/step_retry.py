@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from hooks import graph_keys
 from hooks import log as logging
+from hooks.faults import step_runner
 from hooks.faults.stuck_step import LostRunError, StuckStepWatchdog
 
 __all__ = ["retry_duplicate_steps", "run_retrying", "run_rerunnable", "rejecting_tasks",
@@ -114,8 +115,7 @@ def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepW
   run = session.run
   if getattr(run, "_epochsync_retrying", False):
     return
-  if watchdog is not None:
-    _close_unless_runs_left_behind(session, task_name, watchdog)
+  _close_unless_runs_left_behind(session, task_name)
   graph = getattr(session, "graph", None) or tf.compat.v1.get_default_graph()
   gated = tuple(graph.get_collection(graph_keys.GATED_TASKS))
   steps = [0]
@@ -137,13 +137,15 @@ def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepW
   session.run = run_step
 
 
-def _close_unless_runs_left_behind(session, task_name: str,
-                                   watchdog: StuckStepWatchdog) -> None:
-  """Wraps `session.close`: with runs left behind as lost, closing would wait for them."""
-  close = session.close
+def _close_unless_runs_left_behind(session, task_name: str) -> None:
+  """Wraps `session.close`: with runs left behind as lost (step_runner.leave_behind), closing
+  would wait for them."""
+  close = getattr(session, "close", None)
+  if close is None:
+    return
 
   def close_unless_runs_left_behind():
-    left = watchdog.lost_runs_left_behind
+    left = step_runner.runs_left_behind(session)
     if not left:
       return close()
     logging.info("%s leaves its session open: %d lost run(s) left behind are still blocked in "

@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["StepRunner", "RunCall", "LostRunError", "WAITING_FRAME"]
+__all__ = ["StepRunner", "RunCall", "LostRunError", "WAITING_FRAME", "leave_behind",
+           "runs_left_behind"]
 
 WAITING_FRAME = "wait_for_run"  # the frame a thread waiting for a runner's call is in
 _PENDING = object()
@@ -117,6 +118,16 @@ class StepRunner:
     if self._calls is not None:
       self._calls.put(None)
       self._calls = None
+
+
+def leave_behind(session) -> None:
+  """Notes that a run of `session` was left behind, blocked in TensorFlow for good."""
+  session._epochsync_left_behind = runs_left_behind(session) + 1  # pylint: disable=protected-access
+
+
+def runs_left_behind(session) -> int:
+  """How many runs of `session` were left behind: closing it would wait for them for ever."""
+  return getattr(session, "_epochsync_left_behind", 0)
 
 
 def _serve(calls: "queue.SimpleQueue[Optional[RunCall]]") -> None:

@@ -40,7 +40,7 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks import log as logging
 from hooks.faults.process_exit import exit_process
-from hooks.faults.step_runner import LostRunError, RunCall, StepRunner
+from hooks.faults.step_runner import LostRunError, RunCall, StepRunner, leave_behind
 from hooks.faults.step_watch import StepWatch
 from hooks.faults.waiting import run_options
 
@@ -182,6 +182,7 @@ class StuckStepWatchdog:
     if call is not None and self._lost_runs < MAX_LOST:
       self._lost_runs += 1
       if call.abandon(what):
+        leave_behind(self._session)
         logging.warning("%s. Nothing of the step ran (every stateful op of it waits for "
                         "those parts), so it runs again (retry %d of %d); the lost run stays "
                         "blocked in TensorFlow until the process ends", what, self._lost_runs,

@@ -23,7 +23,8 @@ GRAD, DONE, STOP = 1, 0, -2**20  # Marker kinds; STOP ends the chief's loop (tok
 
 def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: bool,
                  num_active: tf.Tensor, markers, tokens: Sequence, accums: List[Tuple],
-                 step: tf.Variable, extra_step: Optional[tf.Variable] = None) -> tf.Tensor:
+                 step: tf.Variable, extra_step: Optional[tf.Variable] = None,
+                 begun: Optional[tf.Variable] = None) -> tf.Tensor:
   """One run: dequeue one step's markers, apply the mean of its gradients, hand out tokens.
 
   Returns g, the number of GRAD markers: > 0 a step was applied, 0 the epoch is over (every
@@ -32,12 +33,16 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
   leaves the epoch), the chief's count_epoch_op back to num_workers. Besides each token
   queue's handle and enqueue, the op count does not depend on the number of workers. `step`
   numbers the steps (global_step or the own sync_step); `extra_step`, if any, is a global_step
-  that is incremented too.
+  that is incremented too. `begun`, an int64 variable beside `step`, counts the runs that
+  started on every ps (before any marker is taken): one behind is a run TensorFlow lost
+  (hooks.sync.aggregation_loop).
   """
   # The markers are taken only once every other ps's partition of this run started: a run
   # TensorFlow rejected on one of them (hooks.faults.step_retry) changed nothing.
   started = step_gate.gate_ops([var.device for _, var in accums], step.device,
                                "aggregation_started")
+  with tf.device(step.device), tf.control_dependencies(started):
+    started = started + ([begun.assign_add(1).op] if begun is not None else [])
   with tf.device(step.device), tf.control_dependencies(started):
     # The ref itself, dereferenced by the dequeue: no read op (`num_active` is a RefVariable).
     ids, kinds, steps = markers.dequeue_many(num_active._ref())  # pylint: disable=protected-access

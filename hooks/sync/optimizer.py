@@ -74,6 +74,7 @@ class SyncOps:
   # chief's task, which TensorFlow could reject alone after the ps part ran), then a read.
   aggregate_and_store_op: Optional[tf.Operation] = None  # aggregate_op, kept on the ps.
   last_aggregate: Optional[tf.Tensor] = None  # What the last aggregate_and_store_op returned.
+  aggregations_begun: Optional[tf.Variable] = None  # Aggregation runs started on every ps.
 
 
 class DelegatingOptimizer(_v1.train.Optimizer):
@@ -194,15 +195,18 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       worker = step_graph.worker_ops(state, wid, step, local_step, applies, name)
       train_op, done_op, refresh, hook_started = (worker.train_op, worker.done_op,
                                                   worker.refresh, worker.hook_started)
+      with tf.device(step.device):  # In no collection: only the chief_init_op sets it.
+        begun = _v1.Variable(0, dtype=tf.int64, trainable=False, collections=[],
+                             name="aggregations_begun")
       aggregate = aggregate_op(self._opt, n_workers, self._divide_by_initial, state.num_active,
-                               state.markers, state.tokens, accums, step, extra_step)
+                               state.markers, state.tokens, accums, step, extra_step, begun)
       with tf.device(step.device):  # In no collection: only the chief_init_op sets it.
         last = _v1.Variable(0, dtype=aggregate.dtype, trainable=False, collections=[],
                             name="last_aggregate")
         store = last.assign(aggregate).op
         last_read = tf.identity(last)
       chief_init = tf.group([worker.local_step_init, state.num_active.initializer,
-                             last.initializer] + [a.set_global_step(step) for a, _ in accums])
+                             last.initializer, begun.initializer] + [a.set_global_step(step) for a, _ in accums])
       stop, close, count_epoch, diagnostics, abort_step = step_graph.control_ops(state, wid, step)
       reset = reset_op(state.markers, state.tokens, accums, state.progress,
                        step_graph.PROGRESS_ACTIVE)
@@ -215,7 +219,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     _v1.add_to_collection(graph_keys.SYNC_TRAIN_OPS, train_op)
     self.sync_ops = SyncOps(train_op, done_op, refresh, hook_started, chief_init, aggregate,
                             stop, close, diagnostics, completed_epochs, step, abort_step,
-                            count_epoch, store, last_read)
+                            count_epoch, store, last_read, begun)
     return train_op
 
   def _own_step(self, global_step):

@@ -23,6 +23,7 @@ from hooks.sync.aggregation_loop import AggregationLoop
 from hooks.faults.liveness import LivenessMonitor, explain_lost_session
 from hooks.faults import step_watch
 from hooks.faults.step_watch import StepWatch
+from hooks.faults.stuck_step import LOST_AFTER_SECS
 from hooks.faults.waiting import MAX_WAIT_SECS, run_options
 
 __all__ = ["SafeSyncTokensHook"]
@@ -121,7 +122,10 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     self._heartbeat_rows = heartbeat.rows_op(len(self._names), self._ops.diagnostics[0].device)
     self._loop = AggregationLoop(self.task_name, self._ops.aggregate_and_store_op,
                                  self._ops.last_aggregate, self._ops.count_epoch_op,
-                                 listeners=self._on_aggregated)  # shared: added to until started
+                                 listeners=self._on_aggregated,  # shared: added to until started
+                                 begun=self._ops.aggregations_begun,
+                                 lost_after_secs=min(LOST_AFTER_SECS,
+                                                     self._step.timeout_secs / 4))
 
   def after_create_session(self, session, coord) -> None:
     run_start.check_started("SafeSyncTokensHook")
@@ -134,12 +138,7 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
     coord.register_thread(watchdog)
     self._threads = [watchdog]
     if self._is_chief:
-      # Not registered with `coord`: on an error path its run may wait in a take_grad for a
-      # gradient that never comes (its sender died mid-step), and a coordinator join would wait
-      # stop_grace_period_secs (120 s) for it before the session could close.
-      self._threads.append(threading.Thread(
-          target=self._aggregate, args=(session, coord),
-          daemon=True, name="epochsync-aggregation"))
+      self._threads.append(self._aggregation_thread(session, coord, self._loop.generation))
       logging.info("%s aggregating gradients of %d workers", self.task_name, len(self._names))
     for thread in self._threads:
       thread.start()
@@ -172,10 +171,17 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
         logging.warning("%s: thread %s did not stop within %.0f s", self.task_name, thread.name,
                         _JOIN_SECS)
 
-  def _aggregate(self, session, coord) -> None:
+  def _aggregation_thread(self, session, coord, generation: int) -> threading.Thread:
+    # Not registered with `coord`: on an error path its run may wait in a take_grad for a
+    # gradient that never comes (its sender died mid-step), and a coordinator join would wait
+    # stop_grace_period_secs (120 s) for it before the session could close.
+    return threading.Thread(target=self._aggregate, args=(session, coord, generation),
+                            daemon=True, name=f"epochsync-aggregation-{generation}")
+
+  def _aggregate(self, session, coord, generation: int = 0) -> None:
     """Chief thread: the aggregation loop; an error stops the session (and this task's step)."""
     try:
-      self._loop.run(session, coord.should_stop)
+      self._loop.run(session, coord.should_stop, generation)
     except Exception as e:  # pylint: disable=broad-except
       if isinstance(e, tf.errors.CancelledError) and (self._stopping.is_set() or
                                                       coord.should_stop()):
@@ -202,6 +208,9 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
       if error is not None:  # Ends the step blocked on its token (its run has no deadline).
         self._stop_now(session, coord, error)
       self._check_liveness(session, coord)
+      if self._is_chief and self._loop.check_lost(session):  # left behind: go on in another
+        self._threads[1] = self._aggregation_thread(session, coord, self._loop.generation)
+        self._threads[1].start()
     if not self._stopping.is_set():  # A stop without end(): an error path.
       self._ender.end_if_blocked(session, self._ops.abort_step_op)
       if self._is_chief and blocked_step.run_bounded(session, self._ops.stop_op,

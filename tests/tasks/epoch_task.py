@@ -16,6 +16,7 @@
                                     session.run never returns and runs nothing (as a RunGraph
                                     rejected on this task whose cancellation the others never
                                     got); the step's run again is normal
+  --lose_aggregation=4              the chief's 4th aggregation run is lost the same way
 """
 
 import faulthandler
@@ -45,6 +46,8 @@ _MID_SAVE_SLEEP = flags.DEFINE_float(
 _HANG_WORKER = flags.DEFINE_integer("hang_worker", -1, "Worker id whose step never returns.")
 _LOSE_STEP = flags.DEFINE_integer("lose_step", 0, "--hang_worker's step (from 1) whose first "
                                   "run is lost: it never returns and runs nothing.")
+_LOSE_AGGREGATION = flags.DEFINE_integer("lose_aggregation", 0, "The chief's aggregation run "
+                                         "(from 1) that is lost: never returns, runs nothing.")
 _HANG_STEP = flags.DEFINE_integer("hang_step", 5, "Which step of --hang_worker hangs (from 1).")
 _RESTORE_SLEEP = flags.DEFINE_float("restore_sleep_secs", 0.0,
                                     "Each checkpoint restore takes this much longer.")
@@ -135,6 +138,23 @@ def _lose_a_step(number: int) -> None:
   tf.compat.v1.Session.run = losing_run
 
 
+def _lose_an_aggregation(number: int) -> None:
+  """The chief's aggregation run `number` never returns and runs nothing (its run, below the
+  loop's retry, blocks before TensorFlow sees it); run again, it is normal."""
+  from hooks.sync import aggregation_loop  # pylint: disable=g-import-not-at-top
+  run, calls = aggregation_loop.AggregationLoop._run, [0]  # pylint: disable=protected-access
+
+  def losing_run(self, generation, fn, what):
+    if what == aggregation_loop._AGGREGATE:  # pylint: disable=protected-access
+      calls[0] += 1
+      if calls[0] == number:
+        def fn():  # pylint: disable=function-redefined
+          print(f"aggregation {number}: lost in session.run", flush=True)
+          threading.Event().wait(3600)  # "for ever": the watchdog leaves this thread behind
+    return run(self, generation, fn, what)
+  aggregation_loop.AggregationLoop._run = losing_run  # pylint: disable=protected-access
+
+
 class _DelayBegin(tf.compat.v1.train.SessionRunHook):
   """Sleeps in begin(): after the graph and the server exist, before the session is created."""
 
@@ -146,6 +166,8 @@ def _extra_hooks(config, epoch_input):
   hooks = [_SlowSteps()] if _STEP_SLEEP.value > 0 else []
   if config.is_chief and _CHIEF_DELAY.value > 0:
     hooks.append(_DelayBegin())
+  if config.is_chief and _LOSE_AGGREGATION.value:
+    _lose_an_aggregation(_LOSE_AGGREGATION.value)
   if config.worker_id == _HANG_WORKER.value:
     if _LOSE_STEP.value:
       _lose_a_step(_LOSE_STEP.value)
