@@ -7,7 +7,8 @@ every --save_steps global steps. While it runs, every task's RSS is sampled ever
 entry per job and repetition: whether it passed (the failed tasks and the last lines of their
 logs if not), its wall time, the RSS of every task over time (first, last, max, growth) and
 the step-time drift (the workers' examples/s in the first vs the last tenth of the run), the
-runs TensorFlow rejected as duplicates and ran again (hooks.faults.step_retry's WARNINGs), and
+runs TensorFlow rejected as duplicates and ran again (hooks.faults.step_retry's WARNINGs), the
+runs TensorFlow lost and ran again (hooks.faults.stuck_step, the aggregation loop), and
 the audit's check: every epoch once, every worker's whole shard. With --relaunches=N a job
 that failed is started again from its model_dir, as an orchestrator's restart policy would, up
 to N times; the entry records each attempt's failure. Each entry is written to --output as
@@ -47,6 +48,7 @@ _RELAUNCHES = flags.DEFINE_integer("relaunches", 0, "Restarts of a failed job fr
                                    "model_dir (a restart policy).", lower_bound=0)
 
 _RETRIED = "as a duplicate RunGraph request"
+_LEFT_BEHIND = "the lost run stays blocked"  # a lost step or aggregation run, run again
 _SETTLED_SECS = 60.0
 _PROGRESS = re.compile(r"progress (\S+) epoch (\d+)(?: done)?: (\d+)/\d+ batches.* "
                        r"([\d.]+) examples/s")
@@ -129,6 +131,7 @@ def run_job(mode: str, model_dir: str) -> dict:
   run = dict(attempts[-1], relaunches=len(attempts) - 1,
              secs=round(sum(a["secs"] for a in attempts), 1),
              retried_runs=sum(a["retried_runs"] for a in attempts),
+             lost_runs=sum(a["lost_runs"] for a in attempts),
              failed_attempts=[a["failures"] for a in attempts[:-1]],
              earlier_attempts=attempts[:-1])  # their RSS and step times too
   per_worker = _per_worker(mode)
@@ -167,7 +170,8 @@ def _run_once(mode: str, model_dir: str) -> dict:
           "global_steps": _STEPS.value, "secs": round(time.monotonic() - start, 1),
           "load_at_start": round(load, 2), "load_at_end": round(os.getloadavg()[0], 2),
           "rss": rss, "step_time": _drift(lines), "logs": cluster.log_dir,
-          "retried_runs": sum(_RETRIED in line for line in lines)}
+          "retried_runs": sum(_RETRIED in line for line in lines),
+          "lost_runs": sum(_LEFT_BEHIND in line for line in lines)}
 
 
 def main(argv):
@@ -184,7 +188,7 @@ def main(argv):
       print(f"{mode} #{rep}: {'passed' if run['ok'] else 'FAILED ' + ', '.join(run['failures'])}"
             f" in {run['secs']} s, RSS growth MB {growth}, step time {run['step_time']}, "
             f"load {run['load_at_start']}-{run['load_at_end']}, {run['retried_runs']} rejected "
-            f"runs retried, {run['relaunches']} relaunches {run['failed_attempts']}, audit "
+            f"runs retried, {run['lost_runs']} lost runs run again, {run['relaunches']} relaunches {run['failed_attempts']}, audit "
             f"{'not checked' if run['audit_problems'] is None else run['audit_problems'] or 'exact'}",
             flush=True)
   passed = _write(runs)
