@@ -12,7 +12,7 @@ new runner thread. The abandoned thread stays blocked in TensorFlow until the pr
 Typical usage (StuckStepWatchdog.run does it):
   runner = StepRunner("worker:1", on_late=report)
   call = runner.submit(lambda: session.run(train_op))
-  call.abandon()        # from the watchdog's thread: True if the run had not returned
+  call.abandon("lost")  # from the watchdog's thread: True if the run had not returned
   result = call.wait_for_run()  # the run's result or error, or LostRunError once abandoned
 """
 
