@@ -271,7 +271,7 @@ class _AggregationSession:
   """The chief's session as its aggregation thread uses it: each aggregation returns the next
   scripted number of GRAD markers (0: the epoch is over, < 0: stopped). count_epoch_op advances
   the epoch count and returns the new count; any other fetch (a separate read of the count,
-  which another run could see half-advanced) is refused."""
+  which another run could see half-advanced) but the count of aggregations begun is refused."""
 
   def __init__(self, sync_ops, grads):
     self.ops, self.grads, self.completed, self.runs = sync_ops, iter(grads), 0, 0
@@ -283,7 +283,9 @@ class _AggregationSession:
     assert fetch is self.ops.last_aggregate, fetch
     return lambda: self.last
 
-  def run(self, fetches):
+  def run(self, fetches, options=None):
+    if fetches is self.ops.aggregations_begun:  # read once: the base to find a lost run by
+      return 0
     self.runs += 1
     assert fetches is self.ops.count_epoch_op, fetches
     self.completed += 1
