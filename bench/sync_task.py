@@ -86,14 +86,14 @@ def _dataset(worker_id: int) -> tf.data.Dataset:
 def _work_queue_input(config, settings):
   """ours-units: every worker's rows, concatenated, in units of --unit_batches batches."""
   shards = [_rows(w) for w in range(config.num_workers)]
-  rows = tuple(np.concatenate(parts) for parts in zip(*shards))
+  rows = tuple(tf.constant(np.concatenate(parts)) for parts in zip(*shards))
   size = _UNIT_BATCHES.value * _BATCH.value
-  units = [WorkUnit("", start, min(start + size, len(rows[1])))
-           for start in range(0, len(rows[1]), size)]
+  total = int(rows[1].shape[0])
+  units = [WorkUnit("", start, min(start + size, total)) for start in range(0, total, size)]
 
-  def unit_fn(unit):
-    examples = tf.data.Dataset.from_tensor_slices(rows)
-    return examples.skip(unit.start).take(unit.count).batch(_BATCH.value)
+  def unit_fn(unit):  # the unit's rows sliced out (O(unit), not a skip over the rows before)
+    sliced = tuple(part[unit.start:unit.start + unit.count] for part in rows)
+    return tf.data.Dataset.from_tensor_slices(sliced).batch(_BATCH.value)
   return work_queue_input(units, unit_fn, 1, config.num_workers, config.worker_id,
                           config.task_name, settings=settings)
 
