@@ -10,9 +10,7 @@ Typical usage:
   python -m bench.step_runner_cost --pairs=10 --runs=5000 --output=bench/results/step_runner.json
 """
 
-import json
-import os
-import statistics
+import sys
 import time
 from typing import Callable, Dict, List
 
@@ -20,6 +18,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+from bench import common
 from hooks.faults.stuck_step import StuckStepWatchdog
 
 _PAIRS = flags.DEFINE_integer("pairs", 10, "Pairs of (direct, through the runner) batches.")
@@ -68,22 +67,21 @@ def measure(pairs: int, runs: int) -> Dict[str, object]:
                  "extra_cpu_us": runner["cpu_us"] - plain["cpu_us"]})
   watchdog.stop()
   session.close()
-  summary = {key: {"median": statistics.median(r[key] for r in rows),
-                   "min": min(r[key] for r in rows), "max": max(r[key] for r in rows)}
-             for key in rows[0]}
-  return {"pairs": rows, "summary": summary, "runs": runs, "load_at_end": os.getloadavg()[0]}
+  summary = {key: common.summary(r[key] for r in rows) for key in rows[0]}
+  return {"pairs": rows, "summary": summary, "runs": runs}
 
 
 def main(argv):
   del argv
-  result = {"load_at_start": os.getloadavg()[0], **measure(_PAIRS.value, _RUNS.value)}
+  load_at_start = common.load_average()
+  result = measure(_PAIRS.value, _RUNS.value)
   for key, value in result["summary"].items():
     print(f"{key:>16}: median {value['median']:7.1f} us  ({value['min']:.1f} .. "
           f"{value['max']:.1f})")
-  print(f"load {result['load_at_start']:.2f} -> {result['load_at_end']:.2f}")
-  if _OUTPUT.value:
-    with open(_OUTPUT.value, "w") as f:
-      json.dump(result, f, indent=1)
+  load_at_end = common.load_average()
+  print(f"load {load_at_start[0]:.2f} -> {load_at_end[0]:.2f}")
+  common.write_results(_OUTPUT.value, result, sys.argv, load_at_start=load_at_start,
+                       load_at_end=load_at_end)
 
 
 if __name__ == "__main__":

@@ -198,15 +198,8 @@ def test_a_step_tensorflow_lost_runs_again_and_the_job_stays_exact(tmp_path, syn
   the lockstep oracle's (the step applied exactly once). Before, worker:2 ended its process
   and with it the job."""
   from hooks.faults.stuck_step import LOST_AFTER_SECS  # pylint: disable=g-import-not-at-top
-  model_dir, shards = str(tmp_path / "model"), (8, 5, 3)
-  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=8,5,3",
-                    "--epochsync_num_epochs=2", f"--epochsync_sync={sync}",
-                    "--step_sleep_secs=0.05"]
-  with LocalCluster(num_workers=3, timeout_secs=200, log_dir=str(tmp_path / "logs")) as cluster:
-    cluster.start(command, per_task_args={"worker:2": ["--hang_worker=2", "--lose_step=5"]})
-    result = cluster.wait()
-  for task in result.tasks.values():
-    assert task.returncode == 0 and not task.timed_out, task.tail(30)
+  result, audit = _job_with_a_lost_run(
+      tmp_path, [f"--epochsync_sync={sync}"], {"worker:2": ["--hang_worker=2", "--lose_step=5"]})
   lost = result.tasks["worker:2"]
   assert "step 5: lost in session.run" in lost.log
   assert re.search(r"\nW\d{4} [^\n]*worker:2: step 5 of this task has been in TensorFlow's "
@@ -214,13 +207,8 @@ def test_a_step_tensorflow_lost_runs_again_and_the_job_stays_exact(tmp_path, syn
                    r"\(retry 1 of 3\)", lost.log), lost.tail()
   assert "leaves its session open: 1 lost run(s) left behind" in lost.log
   assert lost.elapsed_secs > LOST_AFTER_SECS  # it did wait for the lost run
-  audit = read_audit(model_dir)
-  assert [line["epoch"] for line in audit] == [0, 1]
-  for line in audit:
-    assert {w: s["batches"] for w, s in line["workers"].items()} == {
-        f"worker:{i}": n for i, n in enumerate(shards)}
   if sync:
-    assert_equals_oracle(audit[-1]["checkpoint"], "linear", shards, 2)
+    assert_equals_oracle(audit[-1]["checkpoint"], "linear", LOST_RUN_SHARDS, 2)
 
 
 @pytest.mark.timeout(240)
@@ -231,22 +219,35 @@ def test_an_aggregation_run_tensorflow_lost_runs_again_and_the_job_stays_exact(t
   and a new aggregation thread runs it again: every task ends by itself and the parameters are
   the lockstep oracle's. Before, every worker's step waited for its token until the step
   timeout ended the job."""
-  model_dir, shards = str(tmp_path / "model"), (8, 5, 3)
-  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=8,5,3",
-                    "--epochsync_num_epochs=2", "--step_sleep_secs=0.05",
-                    "--epochsync_step_timeout_secs=40"]
-  with LocalCluster(num_workers=3, num_ps=2, timeout_secs=200,
-                    log_dir=str(tmp_path / "logs")) as cluster:
-    cluster.start(command, per_task_args={"worker:0": ["--lose_aggregation=4"]})
-    result = cluster.wait()
-  for task in result.tasks.values():
-    assert task.returncode == 0 and not task.timed_out, task.tail(30)
+  result, audit = _job_with_a_lost_run(tmp_path, ["--epochsync_step_timeout_secs=40"],
+                                       {"worker:0": ["--lose_aggregation=4"]}, num_ps=2)
   chief = result.tasks["worker:0"]
   assert "aggregation 4: lost in session.run" in chief.log
   assert re.search(r"\nW\d{4} [^\n]*worker:0: the aggregation run has been in TensorFlow's "
                    r"session.run for \d+ s and never started on every ps.*runs it again "
                    r"\(retry 1 of 3\)", chief.log), chief.tail()
   assert "leaves its session open: 1 lost run(s) left behind" in chief.log
+  assert_equals_oracle(audit[-1]["checkpoint"], "linear", LOST_RUN_SHARDS, 2)
+
+
+LOST_RUN_SHARDS = (8, 5, 3)
+
+
+def _job_with_a_lost_run(tmp_path, args, per_task_args, num_ps=1):
+  """A job of 3 workers (LOST_RUN_SHARDS, 2 epochs) in which `per_task_args` lose a run: every
+  task must end by itself and the audit count every shard once. Returns (result, audit)."""
+  model_dir = str(tmp_path / "model")
+  command = TASK + [f"--model_dir={model_dir}", "--shard_batches=8,5,3",
+                    "--epochsync_num_epochs=2", "--step_sleep_secs=0.05"] + args
+  with LocalCluster(num_workers=3, num_ps=num_ps, timeout_secs=200,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(command, per_task_args=per_task_args)
+    result = cluster.wait()
+  for task in result.tasks.values():
+    assert task.returncode == 0 and not task.timed_out, task.tail(30)
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == [0, 1]
-  assert_equals_oracle(audit[-1]["checkpoint"], "linear", shards, 2)
+  for line in audit:
+    assert {w: s["batches"] for w, s in line["workers"].items()} == {
+        f"worker:{i}": n for i, n in enumerate(LOST_RUN_SHARDS)}
+  return result, audit

@@ -94,17 +94,10 @@ class StepRunner:
     self._name, self._on_late = f"epochsync-step-run-{task_name}", on_late
     self._calls: Optional["queue.SimpleQueue[RunCall]"] = None
     self._last: Optional[RunCall] = None
-    self._left_behind = 0  # threads blocked in abandoned runs, the last call's apart
-
-  @property
-  def abandoned(self) -> int:
-    """How many calls were abandoned (each one's thread is still blocked in TensorFlow)."""
-    return self._left_behind + int(self._last is not None and self._last.abandoned)
 
   def submit(self, fn: Callable[[], Any]) -> RunCall:
     """Hands `fn` (a session.run) to the runner thread and returns its call."""
     if self._last is not None and self._last.abandoned:
-      self._left_behind += 1
       self._calls = None  # that thread is blocked in the abandoned run: start another
     if self._calls is None:
       self._calls = queue.SimpleQueue()

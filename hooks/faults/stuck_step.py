@@ -40,7 +40,8 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks import log as logging
 from hooks.faults.process_exit import exit_process
-from hooks.faults.step_runner import LostRunError, RunCall, StepRunner, leave_behind
+from hooks.faults.step_runner import (LostRunError, RunCall, StepRunner, leave_behind,
+                                      runs_left_behind)
 from hooks.faults.step_watch import StepWatch
 from hooks.faults.waiting import run_options
 
@@ -131,9 +132,8 @@ class StuckStepWatchdog:
 
   @property
   def lost_runs_left_behind(self) -> int:
-    """Runs left behind so far: each still blocked in TensorFlow (closing the session would
-    wait for them for ever)."""
-    return self._runner.abandoned
+    """Runs of the bound session left behind so far (step_runner.runs_left_behind)."""
+    return runs_left_behind(self._session)
 
   def start(self) -> None:
     """Starts the watching thread (once; again after stop())."""

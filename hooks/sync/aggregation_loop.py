@@ -109,11 +109,11 @@ class AggregationLoop:
       fn(session, grads)
 
   def _run(self, generation: int, fn: Callable[[], Any], what: str) -> Any:
-    """fn() (retried when rejected), or _STALE if this thread was left behind meanwhile."""
-    rejected = lambda e: bool(step_retry.rejecting_tasks(e))  # by any task: nothing ran
+    """fn() (run again when any task rejected it: nothing ran), or _STALE if this thread was
+    left behind meanwhile."""
     self._running = (generation, time.monotonic())
     try:
-      value = step_retry.run_retrying(fn, what, self.task_name, rejected)
+      value = step_retry.run_rerunnable(fn, what, self.task_name)
     except Exception:  # pylint: disable=broad-except
       if generation != self.generation:
         return _STALE  # left behind: its run ended with an error at last (e.g. at close)
