@@ -16,10 +16,10 @@ _v1 = tf.compat.v1
 class LocalQueue:
   """A queue of `units` units; each claim is one run, as UnitClaims makes it."""
 
-  def __init__(self, units=5, workers=2, seed=7, shuffle=True, fingerprint="0"):
+  def __init__(self, units=5, workers=2, seed=7, shuffle=True, fingerprint="0", elastic=False):
     self.graph = tf.Graph()
     with self.graph.as_default():
-      self.ops = queue_graph.build(units, workers, seed, shuffle, "/cpu:0", fingerprint)
+      self.ops = queue_graph.build(units, workers, seed, shuffle, "/cpu:0", fingerprint, elastic)
       init = _v1.global_variables_initializer()
     self.session = _v1.Session(graph=self.graph)
     self.session.run(init)
@@ -44,3 +44,10 @@ class LocalQueue:
 
   def write(self, vector):
     self.session.run(self.ops.assign, {self.ops.new_vector: vector})
+
+  def reclaim(self, epoch, worker, held):
+    """The chief's reclaim of lost `worker`'s unit in flight (elastic): (unit, its skip)."""
+    ops = self.ops.reclaim
+    unit, skip = self.session.run(ops.result, {ops.epoch: epoch, ops.worker: worker,
+                                               ops.held: held})
+    return int(unit), int(skip)

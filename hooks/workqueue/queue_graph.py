@@ -15,6 +15,10 @@ no partition on the worker), inside a `tf.CriticalSection`, so claims never inte
   - a claim whose `seq` was already answered (its answer was lost: a deadline, a rejected
     request) answers the same unit again and changes nothing;
   - the answer is [unit, its skip].
+With `elastic`, a claim that finds no unit left while another worker's unit is still in flight
+answers WAIT (that unit may come back: its worker may die), and the chief's `reclaim` puts the
+unit in flight of a worker it found dead back at the head of the queue, after the batches the
+model holds, and fences the worker: its later claims answer FENCED (hooks.elastic).
 The chief's `assign` (in the same critical section) writes a whole resumed state before the
 run starts (hooks.checkpoint.unit_resume).
 A claim computes the whole new state from the old and writes it with one assign, so a claim
@@ -38,11 +42,14 @@ from hooks import graph_keys
 from hooks.errors import ConfigError
 from hooks.workqueue.layout import MAX_WORKERS, Layout, fingerprint_value
 
-__all__ = ["QueueOps", "Layout", "build", "STALE", "ANY", "NONE", "MAX_WORKERS",
-           "fingerprint_value"]
+__all__ = ["QueueOps", "ReclaimOps", "Layout", "build", "STALE", "WAIT", "FENCED", "ANY",
+           "NONE", "MAX_WORKERS", "fingerprint_value"]
 
 _v1 = tf.compat.v1
 STALE = -2  # a claim's answer: the queue is already in a later epoch than the claim's
+WAIT = -3  # (elastic) none left to hand out, but a unit in flight may come back: claim again
+FENCED = -4  # (elastic) the chief found this worker lost and took its unit back
+_FENCE = -2  # claims[w] <= _FENCE: worker w is fenced (a fresh epoch keeps the mark)
 ANY, NONE = -1, -2  # a claim's `wanted`: the next unit of the order, or none (a replay's end)
 
 
@@ -64,6 +71,18 @@ class QueueOps:
   new_vector: tf.Tensor      # placeholder: a whole state vector for `assign`
   assign: tf.Tensor          # writes new_vector (the chief, before the run starts)
   layout: "Layout"
+  reclaim: "ReclaimOps | None" = None  # with elastic: the chief's reclaim of a lost worker's unit
+
+
+@dataclasses.dataclass(frozen=True)
+class ReclaimOps:
+  """The chief's reclaim (elastic): fenced worker `worker`'s unit in flight in `epoch` goes back
+  to the head of the queue after the batches the model holds of it: the worker's epoch batch
+  count in the model is `held`. `result`: [the unit (-1: none in flight), its new skip]."""
+  epoch: tf.Tensor
+  worker: tf.Tensor
+  held: tf.Tensor
+  result: tf.Tensor
 
 
 def _execute_unrecorded(lock: tf.CriticalSection, fn):
@@ -79,8 +98,9 @@ def _execute_unrecorded(lock: tf.CriticalSection, fn):
 
 
 def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
-          ps_device: str, fingerprint: str = "0") -> QueueOps:
-  """The queue's variable on `ps_device` and its claim, for `num_units` units."""
+          ps_device: str, fingerprint: str = "0", elastic: bool = False) -> QueueOps:
+  """The queue's variable on `ps_device` and its claim, for `num_units` units; with `elastic`
+  the claim may answer WAIT or FENCED, and the chief's reclaim is built."""
   if num_workers > MAX_WORKERS:
     raise ConfigError(f"a work queue serves at most {MAX_WORKERS} workers, not {num_workers}: "
                       "use static shards (EpochInput over a dataset) for a larger job")
@@ -99,13 +119,14 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     lock = tf.CriticalSection(name="lock", shared_name="epochsync_workqueue_lock")
     order_of = functools.partial(_order, num_units, seed, shuffle)
     claim = functools.partial(_claim, state, feeds, layout, order_of,
-                              fingerprint_value(fingerprint))
+                              fingerprint_value(fingerprint), elastic)
     result = _execute_unrecorded(lock, claim)
     vector = state.read_value()
     new_vector = _v1.placeholder(tf.int64, [layout.size], "new_state")
     assign = _execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
+    reclaim = _reclaim_ops(lock, state, layout) if elastic else None
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
-                  new_vector=new_vector, assign=assign, layout=layout, **feeds)
+                  new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim, **feeds)
 
 
 def _assign(state, vector) -> tf.Tensor:
@@ -150,19 +171,23 @@ def _bring_wanted(order, position, wanted, u: int):
   return order, has_unit
 
 
-def _claim(state, feeds, layout: Layout, order_of, fingerprint: int) -> tf.Tensor:
+def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
+           elastic: bool) -> tf.Tensor:
   """The claim's graph (inside the lock): the new state from the old, one assign, the answer."""
   u, old = layout.units, state.read_value()
   epoch = feeds["epoch"]
   fresh = old[0] < epoch  # the epoch's first claim starts its queue
+  old_claims = layout.parts(old)["claims"]
   started = tf.concat([
       tf.stack([epoch, tf.constant(0, tf.int64), tf.constant(fingerprint, tf.int64),
                 tf.constant(0, tf.int64), tf.constant(0, tf.int64)]),
       order_of(epoch), _fills(-1, u), _fills(0, u), _fills(-1, u), _fills(-1, u), _fills(0, u),
-      _fills(0, MAX_WORKERS), _fills(-1, MAX_WORKERS)], 0)
+      tf.where(old_claims <= _FENCE, old_claims, tf.zeros_like(old_claims)),  # fences stay
+      _fills(-1, MAX_WORKERS)], 0)
   parts = layout.parts(tf.where(fresh, started, old))
   worker, position = feeds["worker"], parts["next"]
   stale = parts["epoch"] > epoch
+  fenced = parts["claims"][worker] <= _FENCE
   new = tf.logical_and(tf.equal(parts["claims"][worker], feeds["seq"]), tf.logical_not(stale))
   finished = tf.logical_and(new, feeds["finished"] >= 0)
   order, has_unit = _bring_wanted(parts["order"], position, feeds["wanted"], u)
@@ -182,9 +207,55 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int) -> tf.Tenso
   written["examples"] = _put(parts["examples"], feeds["finished"], feeds["finished_examples"],
                              finished)
   written["claims"] = _put(parts["claims"], worker, feeds["seq"] + 1, new)
+  if elastic:  # None left, one in flight: claim again (it may come back) instead of ending.
+    handed = tf.range(u, dtype=tf.int64) < written["next"]
+    in_flight = tf.gather(written["batches"], written["order"]) < 0
+    waits = tf.logical_and(unit < 0, tf.reduce_any(tf.logical_and(handed, in_flight)))
+    unit = tf.where(tf.logical_and(waits, tf.equal(feeds["wanted"], ANY)),
+                    tf.constant(WAIT, tf.int64), unit)
   written["last"] = _put(parts["last"], worker, unit, new)
   header, fields = layout.join(written)
   answer = tf.where(stale, tf.constant(STALE, tf.int64),
-                    tf.where(new, unit, parts["last"][worker]))
+                    tf.where(fenced, tf.constant(FENCED, tf.int64),
+                             tf.where(new, unit, parts["last"][worker])))
   with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
     return tf.stack([tf.identity(answer), skip_of(answer)])
+
+
+def _reclaim_ops(lock: tf.CriticalSection, state, layout: Layout) -> ReclaimOps:
+  feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name)
+           for name in ("epoch", "worker", "held")}
+  result = _execute_unrecorded(lock, functools.partial(_reclaim, state, feeds, layout))
+  return ReclaimOps(result=result, **feeds)
+
+
+def _reclaim(state, feeds, layout: Layout) -> tf.Tensor:
+  """The reclaim's graph (inside the lock): fence the worker; its unit in flight, if any, goes
+  to position next - 1 (the head of what is left) with next one less, its skip the batches the
+  model holds. Run twice, the second finds nothing in flight: it changes nothing more."""
+  parts = layout.parts(state.read_value())
+  worker, position = feeds["worker"], parts["next"]
+  unit = parts["last"][worker]
+  safe = tf.maximum(unit, 0)
+  back = tf.logical_and(tf.logical_and(unit >= 0, tf.equal(parts["epoch"], feeds["epoch"])),
+                        tf.logical_and(tf.equal(tf.gather(parts["owner"], safe), worker),
+                                       tf.gather(parts["batches"], safe) < 0))
+  skip = tf.maximum(feeds["held"] - tf.gather(parts["first_batch"], safe), 0)
+  at = tf.argmax(tf.cast(tf.equal(parts["order"], unit), tf.int64), output_type=tf.int64)
+  head = tf.maximum(position - 1, 0)
+  swapped = tf.tensor_scatter_nd_update(parts["order"], tf.reshape(tf.stack([head, at]), [2, 1]),
+                                        tf.stack([parts["order"][at], parts["order"][head]]))
+  written = dict(parts)
+  written["order"] = tf.where(back, swapped, parts["order"])
+  written["next"] = tf.where(back, position - 1, position)
+  written["owner"] = _put(parts["owner"], unit, tf.constant(-1, tf.int64), back)
+  written["first_batch"] = _put(parts["first_batch"], unit, tf.constant(0, tf.int64), back)
+  written["skip"] = _put(parts["skip"], unit, skip, back)
+  claims = parts["claims"][worker]
+  written["claims"] = _put(parts["claims"], worker, _FENCE - tf.maximum(claims, 0),
+                           claims > _FENCE)
+  written["last"] = _put(parts["last"], worker, tf.constant(-1, tf.int64), back)
+  header, fields = layout.join(written)
+  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
+    return tf.stack([tf.where(back, unit, tf.constant(-1, tf.int64)),
+                     tf.where(back, skip, tf.constant(0, tf.int64))])

@@ -1,0 +1,89 @@
+"""The work queue's elastic side on a local session: WAIT while a unit is in flight, the chief's
+reclaim of a lost worker's unit after the batches the model holds, and the fence."""
+
+import numpy as np
+
+from hooks.workqueue import queue_graph
+from local_queue import LocalQueue
+
+WAIT, FENCED = queue_graph.WAIT, queue_graph.FENCED
+
+
+def _same(before, after):
+  return all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_without_elastic_none_left_ends_the_epoch_even_with_a_unit_in_flight():
+  queue = LocalQueue(units=2, workers=2)
+  queue.claim(0, worker=0, seq=0)
+  queue.claim(0, worker=1, seq=0)
+  assert queue.claim(0, worker=0, seq=1, at=4, finished=(queue.state()["last"][0], 4, 32)) == -1
+  assert queue.ops.reclaim is None
+
+
+def test_none_left_with_a_unit_in_flight_answers_wait_until_it_is_finished():
+  queue = LocalQueue(units=2, workers=2, elastic=True)
+  first = queue.claim(0, worker=0, seq=0)
+  second = queue.claim(0, worker=1, seq=0)
+  assert queue.claim(0, worker=0, seq=1, at=4, finished=(first, 4, 32)) == WAIT
+  before = queue.state()
+  assert queue.claim(0, worker=0, seq=1, at=4, finished=(first, 4, 32)) == WAIT  # a retry
+  assert _same(before, queue.state())
+  assert queue.claim(0, worker=0, seq=2, at=4) == WAIT
+  assert queue.claim(0, worker=1, seq=1, at=6, finished=(second, 6, 48)) == -1
+  assert queue.claim(0, worker=0, seq=3, at=4) == -1
+  assert list(queue.state()["batches"][[first, second]]) == [4, 6]
+
+
+def test_a_lost_workers_unit_goes_back_after_the_batches_the_model_holds():
+  queue = LocalQueue(units=3, workers=3, elastic=True)
+  first = queue.claim(0, worker=0, seq=0)
+  lost = queue.claim(0, worker=1, seq=0, at=10)  # worker:1 is at its 10th batch of the epoch
+  third = queue.claim(0, worker=2, seq=0)
+  assert queue.claim(0, worker=0, seq=1, at=5, finished=(first, 5, 40)) == WAIT
+  assert queue.reclaim(0, worker=1, held=13) == (lost, 3)  # the model holds 3 of its batches
+  state = queue.state()
+  assert int(state["next"]) == 2 and int(state["owner"][lost]) == -1
+  assert list(state["order"][:2]) == [first, third] and int(state["order"][2]) == lost
+  before = queue.state()
+  assert queue.reclaim(0, worker=1, held=13) == (-1, 0)  # run twice: nothing more
+  assert _same(before, queue.state())
+  assert queue.claim_and_skip(0, worker=0, seq=2, at=5) == (lost, 3)
+  assert int(queue.state()["first_batch"][lost]) == 5 - 3
+  assert queue.claim(0, worker=1, seq=1, at=14, finished=(lost, 14, 112)) == FENCED
+  assert int(queue.state()["batches"][lost]) == -1  # the fenced worker recorded nothing
+  assert queue.claim(0, worker=0, seq=3, at=9, finished=(lost, 7, 56)) == WAIT  # third's
+  assert queue.claim(0, worker=2, seq=1, at=8, finished=(third, 8, 64)) == -1
+  assert list(queue.state()["batches"][[first, lost, third]]) == [5, 7, 8]
+
+
+def test_a_unit_resumed_with_a_skip_is_reclaimed_after_all_the_batches_the_model_holds():
+  queue = LocalQueue(units=2, workers=2, elastic=True, shuffle=False)
+  queue.claim(0, worker=0, seq=0)
+  parts = queue.ops.layout.parts(queue.vector())
+  parts["skip"][1] = 4  # a resumed checkpoint held 4 batches of unit 1
+  header, fields = queue.ops.layout.join(parts)
+  queue.write(np.concatenate([np.array(header, np.int64)] + fields))
+  assert queue.claim_and_skip(0, worker=1, seq=0, at=2) == (1, 4)  # first_batch 2 - 4 = -2
+  assert queue.reclaim(0, worker=1, held=5) == (1, 7)  # 4 held before + 3 trained since
+
+
+def test_a_lost_worker_with_no_unit_in_flight_is_fenced_into_the_next_epochs():
+  queue = LocalQueue(units=2, workers=2, elastic=True)
+  first = queue.claim(0, worker=1, seq=0)
+  second = queue.claim(0, worker=1, seq=1, at=3, finished=(first, 3, 24))
+  assert queue.claim(0, worker=1, seq=2, at=5, finished=(second, 2, 16)) == -1
+  before = queue.state()
+  assert queue.reclaim(0, worker=1, held=5) == (-1, 0)
+  after = queue.state()
+  assert all(np.array_equal(before[k], after[k]) for k in before if k != "claims")
+  assert queue.claim(1, worker=0, seq=0) >= 0  # epoch 1 starts its queue
+  assert queue.claim(1, worker=1, seq=0) == FENCED
+  assert int(queue.state()["next"]) == 1 and int(queue.state()["claims"][1]) <= -2
+
+
+def test_a_reclaim_of_another_epoch_takes_nothing_back():
+  queue = LocalQueue(units=2, workers=2, elastic=True)
+  queue.claim(1, worker=1, seq=0)
+  assert queue.reclaim(0, worker=1, held=9) == (-1, 0)
+  assert int(queue.state()["next"]) == 1
