@@ -8,6 +8,7 @@ the picture shows the tree as it is.
 
 import os
 import sys
+import textwrap
 
 import matplotlib
 
@@ -20,8 +21,9 @@ from test_layers import LAYERS, _modules  # pylint: disable=g-import-not-at-top,
 
 OWNS = {
     "session": "creators, wiring (epoch_sync_hooks), the drop-in",
-    "sync": "worker-done optimizer, tokens, aggregation",
-    "checkpoint": "epoch save, mid-epoch save / restore / resume",
+    "sync": "optimizer, tokens, aggregation",
+    "checkpoint": "epoch, mid-epoch saves; resume",
+    "elastic": "lost workers",
     "epoch": "run start, barrier, audit, progress",
     "workqueue": "units, the queue on ps:0, claims, unit audit",
     "data": "EpochInput, look-ahead, determinism",
@@ -56,15 +58,15 @@ def main():
       ax.text(x + 0.1, rank + 0.24, f"{label}  (layer {rank})", fontsize=10, weight="bold",
               va="center")
       ax.text(x + 0.1, rank + 0.07, OWNS[name], fontsize=8.5, va="center", style="italic")
-      per_line = max(1, int(width * 1.1))  # names that fit on one line of this box
-      lines = [", ".join(inner[i:i + per_line]) for i in range(0, len(inner), per_line)]
-      ax.text(x + 0.1, rank - 0.04, "\n".join(lines), fontsize=6.5, va="top")
+      lines = textwrap.wrap(", ".join(inner), int((width - 0.3) * 16))  # what fits the box
+      ax.text(x + 0.1, rank - 0.04, "\n".join(lines), fontsize=5.5 if len(lines) > 3 else 6.5,
+              va="top")
       centers[name] = (x + (width - 0.3) / 2, rank)
   for rank in sorted(rows)[1:]:
     ax.annotate("", xy=(0.35, rank - 0.7), xytext=(0.35, rank - 0.3),
                 arrowprops=dict(arrowstyle="->", color="#35508a", lw=1.5))
   ax.text(0.05, max(rows) + 0.55, "Each layer imports only the layers below it (arrows); "
-          "sync and checkpoint (and epoch and workqueue) are siblings: neither imports the other.\n"
+          "sync, checkpoint and elastic (and epoch and workqueue) are siblings: neither imports the other.\n"
           "estimator_ext sits on top of hooks.session; hooks.testing stands apart. "
           "tests/test_layers.py enforces this.", fontsize=9)
   out = os.path.join(ROOT, "docs", "architecture.png")

@@ -21,7 +21,8 @@ def progress_printer(out=sys.stdout):
 
   def on_line(task: str, line: str) -> None:
     message = line.split("] ", 1)[1].rstrip() if "] " in line else ""
-    own = message.startswith("progress ") or " took unit " in message  # names its task
+    own = (message.startswith("progress ") or " took unit " in message  # names its task
+           or " is lost in epoch " in message)
     if own or (message.startswith("epoch ") and " done on all " in message):
       with lock:
         print(f"  {message if own else task + ': ' + message}", file=out, flush=True)
@@ -43,6 +44,9 @@ def epoch_table(audit: Sequence[dict]) -> List[str]:
     cells = []
     for w in workers:
       s: Dict[str, float] = line["workers"][w]
+      if s.get("lost"):  # elastic: the chief arrived for it
+        cells.append(f"{'lost':>8} ({s['batches']} batches)".ljust(width))
+        continue
       cells.append(f"{s['examples']:>8} {s['arrived_at'] - s['started_at']:6.2f} "
                    f"{s['barrier_wait_secs']:6.2f}".ljust(width))
     attempts = line.get("attempts", [])
@@ -67,9 +71,15 @@ def unit_table(audit: Sequence[dict]) -> List[str]:
     for worker, units in sorted(by_worker.items()):
       units = sorted(units, key=lambda u: u["first_batch"])
       rows.append(f"epoch {line['epoch']} {worker:<10} " + ", ".join(
-          f"{_short(u['unit'])} ({u['batches']})" for u in units) +
+          f"{_short(u['unit'])} ({u['batches']}{_taken_back(u)})" for u in units) +
                   f"  = {sum(u['batches'] for u in units)} batches")
   return rows
+
+
+def _taken_back(unit: dict) -> str:
+  """', the first 3 from lost worker:1' for a unit taken back from a lost worker (elastic)."""
+  taken = unit.get("taken_back")
+  return f", the first {taken['batches']} from lost {taken['worker']}" if taken else ""
 
 
 def _short(unit: str) -> str:

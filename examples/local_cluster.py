@@ -16,13 +16,18 @@ Typical usage:
   python -m examples.local_cluster --api=estimator --model=ctr   # wide & deep on tf.Example files
   python -m examples.local_cluster --api=estimator --model=ctr --work_units --shard_batches=9,1,5,2
                                           # the same files handed out through the work queue
+  python -m examples.local_cluster --work_units --shard_batches=900,700,800,600,900,500 \
+      --epochsync_sync=false --epochsync_elastic --lose_worker=worker:1   # docs/elastic.md
+                                          # worker:1 killed inside a unit; the job goes on
 """
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 from absl import app
 from absl import flags
@@ -52,6 +57,10 @@ _TIMEOUT = flags.DEFINE_float("timeout_secs", 300, "Hard deadline for the whole 
 _STREAM = flags.DEFINE_boolean("stream_logs", False, "Echo every task's log, prefixed.")
 _PROGRESS_SECS = flags.DEFINE_float("progress_secs", 10, "A worker's progress line within a "
                                     "long epoch at most this often.", lower_bound=0.1)
+_LOSE = flags.DEFINE_string("lose_worker", None, "SIGKILL this task (e.g. worker:1) "
+                            "--lose_after_secs after it took its first unit, to watch an elastic "
+                            "job (--epochsync_elastic, docs/elastic.md) go on without it.")
+_LOSE_AFTER = flags.DEFINE_float("lose_after_secs", 3.0, "See --lose_worker.", lower_bound=0)
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, audit, summaries and logs "
                                  "(default: a new temporary directory).")
 
@@ -108,11 +117,13 @@ def main(argv):
                f"--epochsync_progress_secs={_PROGRESS_SECS.value}"]
     command += _demo_timeouts(argv[1:]) + argv[1:]
   num_ps = 2 if estimator and not flags.FLAGS["num_ps"].present else _NUM_PS.value
+  on_line = None if _STREAM.value else progress_printer()
   cluster = LocalCluster(num_workers=_NUM_WORKERS.value, num_ps=num_ps,
                          has_chief=estimator, has_evaluator=estimator,
                          timeout_secs=_TIMEOUT.value, stream_logs=_STREAM.value,
                          log_dir=os.path.join(model_dir, "logs"),
-                         on_line=None if _STREAM.value else progress_printer())
+                         fail_fast_secs=None if _LOSE.value else 10.0,
+                         on_line=_killer(lambda: cluster, on_line) if _LOSE.value else on_line)
   print(f"cluster: {json.dumps(cluster.cluster)}", flush=True)
   print("training (each worker's progress, and the chief after every epoch):", flush=True)
   with cluster:
@@ -137,7 +148,26 @@ def main(argv):
         "loss and global_step/sec: the top run)")
   if estimator:
     _print_evaluations(model_dir)
+  if _LOSE.value:  # The lost worker's exit is the demo's doing; every other task must be fine.
+    result = dataclasses.replace(result, tasks={n: t for n, t in result.tasks.items()
+                                                if n != _LOSE.value})
   result.check()
+
+
+def _killer(cluster_of, on_line):
+  """An on_line callback that SIGKILLs --lose_worker --lose_after_secs after its first unit
+  (then passes the line on)."""
+  armed = threading.Event()
+
+  def on(task: str, line: str) -> None:
+    if task == _LOSE.value and " took unit " in line and not armed.is_set():
+      armed.set()
+      threading.Timer(_LOSE_AFTER.value, cluster_of().kill_task, [task]).start()
+      print(f"  (the demo kills {task} in {_LOSE_AFTER.value:g} s)", flush=True)
+    if on_line is not None:
+      on_line(task, line)
+
+  return on
 
 
 def _print_evaluations(model_dir: str) -> None:

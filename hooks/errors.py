@@ -37,6 +37,7 @@ __all__ = [
     "TaskDiedError",
     "EpochIncompleteError",
     "WorkQueueError",
+    "WorkerFencedError",
     "UnsupportedTensorFlowError",
     "EstimatorUnavailableError",
     "raise_if_problems",
@@ -106,6 +107,22 @@ class EpochIncompleteError(EpochSyncError):
 class WorkQueueError(EpochSyncError):
   """The work queue's epoch is not exact: a unit never handed out, never finished, or holding
   other counts than its worker trained or than its records; the message names each."""
+
+
+class WorkerFencedError(EpochSyncError):
+  """(Elastic training) The chief found this worker lost and gave its unit to another; the
+  worker ends without training more.
+
+  Attributes:
+    task: this worker's name ("worker:2").
+  """
+
+  def __init__(self, message: str, task: str):
+    super().__init__(message)
+    self.task = task
+
+  def __reduce__(self):
+    return (WorkerFencedError, (str(self), self.task))
 
 
 class UnsupportedTensorFlowError(EpochSyncError, ImportError):

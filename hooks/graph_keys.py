@@ -51,3 +51,12 @@ GATED_TASKS = "epochsync_gated_tasks"
 # started). Whichever of the two is built second adds the control edges.
 STEP_GATES = "epochsync_step_gates"
 STEP_MARKERS = "epochsync_step_markers"
+
+# A worker's count of applied batches (asynchronous; hooks.checkpoint.mid_epoch's `applied`):
+# epoch * EPOCH_SHIFT + the batches applied in that epoch.
+EPOCH_SHIFT = 2**32
+
+
+def batches_in_epoch(applied: int, epoch: int) -> int:
+  """The batches an applied count holds of `epoch` (0 if it is of another epoch)."""
+  return applied % EPOCH_SHIFT if applied // EPOCH_SHIFT == epoch else 0

@@ -48,6 +48,6 @@ class LocalQueue:
   def reclaim(self, epoch, worker, held):
     """The chief's reclaim of lost `worker`'s unit in flight (elastic): (unit, its skip)."""
     ops = self.ops.reclaim
-    unit, skip = self.session.run(ops.result, {ops.epoch: epoch, ops.worker: worker,
-                                               ops.held: held})
+    unit, skip, _ = self.session.run(ops.result, {ops.epoch: epoch, ops.worker: worker,
+                                                  ops.held: held})
     return int(unit), int(skip)

@@ -100,3 +100,20 @@ def test_the_ctr_demo_writes_its_data_trains_and_evaluates_every_epoch(tmp_path)
   evaluations = out.stdout.split("evaluations by evaluator:0")[1]
   assert re.findall(r"epoch (\d): global_step (\d+)", evaluations) == [("0", "5"), ("1", "10")]
   assert "auc" in evaluations
+
+
+def test_a_lost_worker_shows_as_lost_in_both_tables():
+  lost = dict(AUDIT[0], workers=dict(AUDIT[0]["workers"], **{"worker:1": {
+      "lost": True, "batches": 3, "examples": None, "started_at": None, "arrived_at": None,
+      "barrier_wait_secs": None}}), units=[
+          {"unit": "<rows>[0:72]", "worker": "worker:0", "first_batch": 0, "batches": 9,
+           "resumed_after": 3, "taken_back": {"worker": "worker:1", "batches": 3}}])
+  rows = demo.epoch_table([lost])
+  assert rows[2].split() == ["0", "|", "72", "0.50", "0.25", "|", "lost", "(3", "batches)", "|",
+                             "9"]
+  assert demo.unit_table([lost]) == [
+      "epoch 0 worker:0   <rows>[0:72] (9, the first 3 from lost worker:1)  = 9 batches"]
+  out = io.StringIO()
+  demo.progress_printer(out)("worker:0", "W1127 00:21:29.6 42 lost_workers.py:105] worker:1 is "
+                                         "lost in epoch 0 (...); elastic: ...\n")
+  assert out.getvalue() == "  worker:1 is lost in epoch 0 (...); elastic: ...\n"

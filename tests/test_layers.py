@@ -18,7 +18,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOOKS = os.path.join(ROOT, "hooks")
 LAYERS = {"errors": 0, "log": 0, "graph_keys": 0, "config": 1, "faults": 2, "data": 3,
-          "epoch": 4, "workqueue": 4, "sync": 5, "checkpoint": 5, "session": 6}
+          "epoch": 4, "workqueue": 4, "sync": 5, "checkpoint": 5, "elastic": 5, "session": 6}
 
 
 def _modules():

@@ -21,7 +21,7 @@ class TestEpochSyncSettings:
         num_epochs=1, barrier_timeout_secs=1800, startup_timeout_secs=600, step_timeout_secs=600,
         warn_after_secs=60, log_every_secs=30, progress_secs=10, sync=True, divide_by_initial_workers=False,
         save_checkpoint_secs=600, save_checkpoint_steps=0, unit_seed=0, unit_shuffle=True,
-        claim_timeout_secs=600)
+        claim_timeout_secs=600, elastic=False)
 
   @pytest.mark.parametrize("field, value, rule", [
       ("num_epochs", 0, "must be an integer >= 1"),
@@ -38,6 +38,7 @@ class TestEpochSyncSettings:
       ("divide_by_initial_workers", None, "must be True or False"),
       ("unit_seed", -1, "must be an integer >= 0"),
       ("unit_shuffle", "yes", "must be True or False"),
+      ("elastic", 1, "must be True or False"),
       ("claim_timeout_secs", 0, "must be a finite number of seconds > 0"),
       ("save_checkpoint_secs", -1, r"must be a finite number of seconds >= 0 \(0: no mid-epoch "
                                    r"checkpoint\)"),

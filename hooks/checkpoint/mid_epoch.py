@@ -43,7 +43,7 @@ MAX_TO_KEEP = 2
 # position: [epoch, synchronous steps aggregated in it (-1: asynchronous, see `applied`),
 # worker count, the attempt that started the epoch, the attempt that saved]
 EPOCH, STEPS, WORKERS, FIRST_ATTEMPT, ATTEMPT = range(5)
-EPOCH_SHIFT = 2**32  # applied[i] = epoch * EPOCH_SHIFT + batches applied in that epoch
+EPOCH_SHIFT = graph_keys.EPOCH_SHIFT  # applied[i] = epoch * EPOCH_SHIFT + its batches then
 POSITION_NAME, APPLIED_NAME = "epochsync/mid_epoch/position", "epochsync/mid_epoch/applied"
 _TIMEOUT_SECS = 60.0
 _NAME = re.compile(r"-epoch(\d+)-\d+$")
@@ -166,7 +166,7 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
         f.write(json.dumps({
             "epoch": self._epoch, "attempt": self._attempt, "global_step": int(step),
             "epoch_step": position[STEPS], "applied": [
-                int(a) % EPOCH_SHIFT if int(a) // EPOCH_SHIFT == self._epoch else 0
+                graph_keys.batches_in_epoch(int(a), self._epoch)
                 for a in applied]}) + "\n")
     self._since, self._last, self._last_step = 0, self._clock(), int(step)
     self._ready = True

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from hooks import graph_keys
 from hooks import log as logging
 from hooks.checkpoint import mid_epoch
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
@@ -104,7 +105,7 @@ class MidEpochResume(_v1.train.SessionRunHook, EpochListener):
     if position[STEPS] >= 0:
       skip = position[STEPS]
     else:  # Asynchronous: this worker's own count, if it was counting in this epoch.
-      skip = applied % EPOCH_SHIFT if applied // EPOCH_SHIFT == epoch else 0
+      skip = graph_keys.batches_in_epoch(applied, epoch)
     known = cardinality if cardinality >= 0 else saved
     skip = min(skip, known) if known >= 0 else skip
     logging.info("%s resumes epoch %d from a mid-epoch checkpoint: skips the %d batches of its "

@@ -21,9 +21,10 @@ from typing import Any, Dict, Sequence
 import numpy as np
 import tensorflow as tf
 
+from hooks import graph_keys
 from hooks import log as logging
 from hooks.checkpoint import mid_epoch
-from hooks.checkpoint.mid_epoch import EPOCH, EPOCH_SHIFT, MID_EPOCH_DIR, STEPS
+from hooks.checkpoint.mid_epoch import EPOCH, MID_EPOCH_DIR, STEPS
 from hooks.errors import ConfigError
 from hooks.faults.waiting import run_options
 from hooks.workqueue.audit import worker_name
@@ -138,4 +139,4 @@ class UnitResumeHook(_v1.train.SessionRunHook):
 def _applied(applied, owner: int, epoch: int) -> int:
   """The owner's batches applied in `epoch` (mid_epoch's encoding), 0 if it counted none."""
   value = applied[owner] if 0 <= owner < len(applied) else 0
-  return value % EPOCH_SHIFT if value // EPOCH_SHIFT == epoch else 0
+  return graph_keys.batches_in_epoch(value, epoch)

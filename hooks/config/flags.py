@@ -37,6 +37,7 @@ __all__ = [
     "PROGRESS_SECS",
     "SAVE_CHECKPOINT_SECS",
     "SAVE_CHECKPOINT_STEPS", "UNIT_SEED", "UNIT_SHUFFLE", "CLAIM_TIMEOUT_SECS",
+    "ELASTIC",
     "SYNC",
     "DIVIDE_BY_INITIAL_WORKERS",
     "ENV_PREFIX",
@@ -132,6 +133,10 @@ CLAIM_TIMEOUT_SECS = _define_secs(
     "epochsync_claim_timeout_secs", _DEFAULTS.claim_timeout_secs,
     "Seconds a work queue's claim of the next unit may go unanswered (retried safely: a claim "
     "is answered once) before raising ClaimTimeoutError.")
+ELASTIC = flags.DEFINE_bool(
+    "epochsync_elastic", _DEFAULTS.elastic,
+    "A lost worker does not stop the job: the chief takes its unit back into the work queue and "
+    "the others go on (asynchronous training through a work queue; docs/elastic.md).")
 
 
 @flags.multi_flags_validator([SAVE_CHECKPOINT_SECS.name, SAVE_CHECKPOINT_STEPS.name])
@@ -162,7 +167,7 @@ _CROSS_RULES = {WARN_AFTER_SECS.name: f"< --{BARRIER_TIMEOUT_SECS.name}",
 EPOCHSYNC_FLAGS = (NUM_EPOCHS, NUM_WORKERS, SYNC, DIVIDE_BY_INITIAL_WORKERS, STARTUP_TIMEOUT_SECS,
                    BARRIER_TIMEOUT_SECS, STEP_TIMEOUT_SECS, WARN_AFTER_SECS, LOG_EVERY_SECS,
                    PROGRESS_SECS, SAVE_CHECKPOINT_SECS, SAVE_CHECKPOINT_STEPS, UNIT_SEED,
-                   UNIT_SHUFFLE, CLAIM_TIMEOUT_SECS)
+                   UNIT_SHUFFLE, CLAIM_TIMEOUT_SECS, ELASTIC)
 
 # Each settings field and the flag that sets it.
 _SETTINGS_FLAGS = {
@@ -180,6 +185,7 @@ _SETTINGS_FLAGS = {
     "unit_seed": UNIT_SEED,
     "unit_shuffle": UNIT_SHUFFLE,
     "claim_timeout_secs": CLAIM_TIMEOUT_SECS,
+    "elastic": ELASTIC,
 }
 
 

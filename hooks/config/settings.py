@@ -47,6 +47,8 @@ class EpochSyncSettings:
     unit_seed: `int` a work queue's order of the units in each epoch is drawn from (seed, epoch).
     unit_shuffle: `bool` reshuffle a work queue's units every epoch (False: their order as given).
     claim_timeout_secs: `float` how long a work queue's claim may go unanswered, > 0.
+    elastic: `bool` a lost worker does not stop the job: the chief takes its unit back and the
+      others go on (asynchronous training through a work queue; docs/elastic.md).
 
   Raises:
     ConfigError: listing every invalid field with its value, the rule and the flag that sets it.
@@ -67,6 +69,7 @@ class EpochSyncSettings:
   unit_seed: int = 0
   unit_shuffle: bool = True
   claim_timeout_secs: float = 600.0
+  elastic: bool = False
 
   def __post_init__(self):
     problems = []
@@ -102,4 +105,5 @@ class EpochSyncSettings:
               "must be an integer >= 0")
     _validate("unit_shuffle", is_bool, "must be True or False")
     _validate("claim_timeout_secs", _positive_secs, secs)
+    _validate("elastic", is_bool, "must be True or False")
     raise_if_problems(problems, "EpochSyncSettings")

@@ -41,6 +41,9 @@ class BarrierOps:
   gather: Tuple            # The chief: (arrivals, stored completed epochs).
   release: Tuple           # The chief: (release, global_step at the release).
   gather_and_release: Tuple  # The chief, without actions: both in one run on the ps.
+  stand_in_worker: tf.Tensor  # (elastic) a lost worker's id ...
+  stand_in_batches: tf.Tensor  # ... and its batches in the model
+  stand_in: tf.Tensor      # The chief: arrive for that worker at `seq` unless it did (elastic).
 
 
 def build(n: int, worker_id: int, num_epochs: int, ps_device: str) -> BarrierOps:
@@ -98,8 +101,31 @@ def build(n: int, worker_id: int, num_epochs: int, ps_device: str) -> BarrierOps
       released = tf.group(*[q.enqueue([value]) for q in release_qs[1:]])
     gather_and_release = (fetched, stored, released, gathered_step)
     _v1.add_to_collection(graph_keys.RESET_OPS, _reset_op(arrive_q, release_qs, arrived, n))
+    stand_in_worker = _v1.placeholder(tf.int32, [], "stand_in_worker")
+    stand_in_batches = _v1.placeholder(tf.int64, [], "stand_in_batches")
+    stand_in = _stand_in(arrive_q, arrived, stand_in_worker, stand_in_batches, seq, n,
+                         num_epochs)
   return BarrierOps(completed, arrived, seq, stats, times, new_completed, zero, release_value,
-                    mark_arrived, arrive_and_wait, gather, release, gather_and_release)
+                    mark_arrived, arrive_and_wait, gather, release, gather_and_release,
+                    stand_in_worker, stand_in_batches, stand_in)
+
+
+def _stand_in(arrive_q, arrived, worker: tf.Tensor, batches: tf.Tensor, seq: tf.Tensor, n: int,
+              num_epochs: int) -> tf.Tensor:
+  """Enqueues lost `worker`'s arrival at barrier `seq` (its `batches`, examples -1: unknown)
+  unless it arrived there itself, and marks it arrived; whether it enqueued. Only the chief runs
+  it, one at a time: the read and the enqueue are not one atomic op, and a lost worker's own
+  arrival cannot come any more (it died)."""
+  missing = tf.gather(arrived, worker) < seq
+  rows = tf.cast(missing, tf.int32)
+  fill = lambda value, dtype: tf.fill([rows], tf.cast(value, dtype))
+  enqueue = arrive_q.enqueue_many([
+      fill(worker, tf.int32), fill(seq, tf.int64), fill(batches, tf.int64), fill(-1, tf.int64),
+      fill(0.0, tf.float64), fill(0.0, tf.float64), fill(n, tf.int64), fill(num_epochs, tf.int64)])
+  with tf.control_dependencies([enqueue]):
+    mark = _v1.scatter_update(arrived, [worker], [tf.maximum(tf.gather(arrived, worker), seq)])
+  with tf.control_dependencies([mark]):
+    return tf.identity(missing)
 
 
 def _step_now(zero: tf.Tensor, name: str) -> tf.Tensor:

@@ -70,10 +70,12 @@ class EpochSummaryHook(_v1.train.SessionRunHook):
 
   def _write(self, session, epoch: int, arrivals: Mapping[str, EpochStats]) -> Dict[str, object]:
     now = time.time()
+    # A lost worker's (elastic) examples and times are unknown (-1, 0): only its batches count.
+    live = {t: s for t, s in arrivals.items() if s.examples >= 0}
     values = {
-        "epoch/wall_secs": max(s.ended_at for s in arrivals.values()) -
-                           min(s.started_at for s in arrivals.values()),
-        "epoch/examples": sum(s.examples for s in arrivals.values())}
+        "epoch/wall_secs": max(s.ended_at for s in live.values()) -
+                           min(s.started_at for s in live.values()),
+        "epoch/examples": sum(s.examples for s in live.values())}
     if self._global_step is not None:
       step = int(session.run(self._global_step))
       values["epoch/global_step"] = step
@@ -82,6 +84,8 @@ class EpochSummaryHook(_v1.train.SessionRunHook):
       self._last_step = step
     for task, s in sorted(arrivals.items()):
       values[f"batches/{task}"] = s.batches
+      if task not in live:
+        continue
       values[f"examples/{task}"] = s.examples
       values[f"epoch_secs/{task}"] = s.ended_at - s.started_at
       values[f"barrier_wait_secs/{task}"] = max(0.0, now - s.ended_at)

@@ -74,6 +74,9 @@ class LivenessMonitor:
     self._lock = threading.Lock()
     self._incarnations: Dict[str, int] = {}
     self._last_check: Dict[Tuple[str, ...], float] = {}
+    # Tasks whose death is no error here (elastic training: the other workers, whose loss the
+    # chief handles); check() and raise_if_any_died() pass over them, dead() does not.
+    self.expendable: frozenset = frozenset()
 
   def probe(self, names: Sequence[str]) -> Dict[str, Probe]:
     """Probes each task once now; records the incarnation of the first answer of each."""
@@ -113,6 +116,7 @@ class LivenessMonitor:
       where: where it waits, for the message (e.g. 'at barrier "epoch_end" in epoch 2').
       force: probe now even if the last check of these names was less than a period ago.
     """
+    names = [n for n in names if n not in self.expendable]
     key, now = tuple(names), self._clock()
     with self._lock:
       if not force and now - self._last_check.get(key, -float("inf")) < self.period_secs:
@@ -164,7 +168,7 @@ class LivenessMonitor:
 
   def raise_if_any_died(self, where: str) -> None:
     """Probes every task of the cluster now; raises TaskDiedError if one is gone (a ps first)."""
-    self._raise_first(self.dead(sorted(self.addresses)), where)
+    self._raise_first(self.dead(sorted(set(self.addresses) - self.expendable)), where)
 
 
 def explain_lost_session(error: Exception, monitor: Optional[LivenessMonitor], task_name: str,

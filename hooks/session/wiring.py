@@ -24,6 +24,7 @@ from hooks.sync.aggregation_group import AggregationGroup
 from hooks.sync.done_counter import WorkerDoneHook
 from hooks.data.epoch_input import EpochInput
 from hooks.epoch.summaries import EpochSummaryHook
+from hooks.checkpoint import mid_epoch as mid_epoch_lib
 from hooks.checkpoint.mid_epoch import MidEpochSaveHook
 from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
 from hooks.checkpoint.mid_epoch_resume import MidEpochResume
@@ -34,6 +35,8 @@ from hooks.faults.step_watch import StepWatch
 from hooks.faults.stuck_step import LOST_AFTER_SECS, StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.config.settings import EpochSyncSettings
+from hooks.elastic import LostWorkerWatch
+from hooks.errors import ConfigError
 from hooks.workqueue.audit import audit_work_queue
 from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
 
@@ -97,6 +100,9 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
       audit_dir=model_dir, liveness=monitor)
   queue = _wire_work_queue(config, epoch_input, monitor, barrier)
+  if settings.elastic:  # Only the chief acts on a lost worker; no task waits for another worker.
+    _check_elastic(queue, settings, sync_hook)
+    monitor.expendable = frozenset(config.worker_names[1:])
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
@@ -106,7 +112,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   # TensorFlow's session creation waits for the ps tasks, and a worker's for the chief too.
   needed = [n for n in sorted(monitor.addresses) if n.startswith("ps:")]
   needed += [] if config.is_chief else [config.worker_names[0]]
-  guard = RecoveryGuardHook(monitor, config.task_name, sorted(monitor.addresses),
+  guard = RecoveryGuardHook(monitor, config.task_name,
+                            sorted(set(monitor.addresses) - monitor.expendable),
                             startup_timeout_secs=settings.startup_timeout_secs, needed=needed,
                             stuck_step=_stuck_step_watchdog(config, settings, sync_hook))
   hooks: List[tf.compat.v1.train.SessionRunHook] = [guard]
@@ -125,8 +132,13 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   mid_epoch = bool(model_dir and (secs or steps) and (sync is not None or not settings.sync))
   if mid_epoch:  # A resume skips by position: the order must be the same on a rerun.
     determinism.warn_if_nondeterministic(epoch_input.dataset, config.task_name)
-  resume = MidEpochResume(epoch_input, **common, count_applied=mid_epoch and sync is None)
+  count_applied = (mid_epoch or settings.elastic) and sync is None
+  resume = MidEpochResume(epoch_input, **common, count_applied=count_applied)
   hooks += [done, barrier, resume]
+  if settings.elastic and config.is_chief:
+    hooks.append(LostWorkerWatch(
+        queue, barrier, monitor, worker_names=config.worker_names,
+        applied=lambda: mid_epoch_lib.state(config.num_workers, "/job:ps/task:0")["applied"]))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))
@@ -148,6 +160,20 @@ def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: An
   if config.is_chief:
     audit_work_queue(epoch_input, barrier, config.worker_names)
   return queue
+
+
+def _check_elastic(queue: Optional[UnitPasses], settings: EpochSyncSettings,
+                   sync_hook: Any) -> None:
+  """Elastic training takes a lost worker's unit back: it needs a work queue, and for now
+  asynchronous training (docs/elastic.md)."""
+  if queue is None:
+    raise ConfigError("--epochsync_elastic needs a work queue: a lost worker's unit goes back to "
+                      "it. Build the input with hooks.workqueue.work_queue_input (or "
+                      "estimator_ext.work_units), or turn elastic off")
+  if settings.sync or sync_hook is not None:
+    raise ConfigError("--epochsync_elastic works with asynchronous training only so far "
+                      "(--epochsync_sync=false, no sync optimizer): a synchronous step would wait "
+                      "for the lost worker; turn elastic off for synchronous training")
 
 
 def _stuck_step_watchdog(config: ClusterConfig, settings: EpochSyncSettings,

@@ -31,7 +31,7 @@ class UnitAudit:
 
   def __call__(self, session, epoch: int, arrivals: Dict[str, EpochStats]) -> Dict[str, object]:
     state = session.run(self._passes.claims.state, options=run_options(_READ_TIMEOUT_SECS))
-    units, problems = self._units(state), []
+    units, problems = self._units(state, self._passes.taken_back.get(epoch, {})), []
     offset = int(state["resumed_step"])  # Every worker's batch count started there.
     if int(state["epoch"]) != epoch:
       problems.append(f"the queue on ps:0 is in epoch {int(state['epoch'])}, not {epoch}")
@@ -47,7 +47,7 @@ class UnitAudit:
       raise WorkQueueError(f"the work queue's epoch {epoch} is not exact: " + "; ".join(problems))
     return {"units": units}
 
-  def _units(self, state) -> List[Dict[str, object]]:
+  def _units(self, state, taken_back) -> List[Dict[str, object]]:
     out, resumed = [], int(state["resumed_next"])
     for position, index in enumerate(state["order"][:int(state["next"])]):
       owner = int(state["owner"][index])
@@ -59,19 +59,25 @@ class UnitAudit:
         unit["resumed_after"] = int(state["skip"][index])
       if position < resumed:  # Trained whole before the epoch's last resume.
         unit["before_resume"] = True
+      if int(index) in taken_back:  # Its first batches came from a lost worker (elastic).
+        lost, batches = taken_back[int(index)]
+        unit["taken_back"] = {"worker": worker_name(self._names, lost), "batches": batches}
       out.append(unit)
     return out
 
   def _count_problems(self, units, arrivals: Dict[str, EpochStats], offset: int) -> List[str]:
     """Each worker's units of this attempt add up to what it trained (its examples too, when
     none of them was resumed: a resumed unit's skipped examples are the unit's, not the
-    worker's); each record range yielded its records."""
+    worker's; a lost worker's examples are unknown: -1), and the parts of units taken back
+    from it count as its own; each record range yielded its records."""
     problems = []
     for name, stats in sorted(arrivals.items()):
       mine = [u for u in units if u["worker"] == name and not u.get("before_resume")]
       batches = sum(u["batches"] - u.get("resumed_after", 0) for u in mine)
+      batches += sum(u["taken_back"]["batches"] for u in units
+                     if u.get("taken_back", {}).get("worker") == name)
       examples = sum(u["examples"] for u in mine)
-      resumed = any("resumed_after" in u for u in mine)
+      resumed = any("resumed_after" in u for u in mine) or stats.examples < 0
       if batches != stats.batches - offset or (not resumed and examples != stats.examples):
         problems.append(f"{name} trained {stats.batches - offset} batches / "
                         f"{stats.examples} examples but its units hold {batches} / {examples}")

@@ -6,6 +6,11 @@ error) is simply run again with the same number: the queue answers the unit it h
 before, or hands one out now, never both. The retries stop at `timeout_secs` with a
 ClaimTimeoutError naming the epoch, the worker and ps:0.
 
+An elastic queue answers WAIT when none is left to hand out while a unit is in flight (its
+worker may be lost, and the unit come back): the worker claims again every 0.2 s until a unit
+or the epoch's end comes, for up to `timeout_secs` in which no unit ends or comes back. FENCED
+(the chief found this worker lost and gave its unit to another) raises WorkerFencedError.
+
 Typical usage (hooks.workqueue.passes does it):
   claims = UnitClaims(ops, worker_id=1, task_name="worker:1", timeout_secs=600)
   unit, skip = claims.claim(session, epoch=0, at_batch=0)       # the epoch's first unit
@@ -19,14 +24,15 @@ from typing import NamedTuple, Optional, Tuple
 import tensorflow as tf
 
 from hooks import log as logging
-from hooks.errors import ClaimTimeoutError, EpochSyncError
+from hooks.errors import ClaimTimeoutError, EpochSyncError, WorkerFencedError
 from hooks.faults.waiting import run_options
-from hooks.workqueue.queue_graph import ANY, QueueOps, STALE
+from hooks.workqueue.queue_graph import ANY, FENCED, QueueOps, STALE, WAIT
 
 __all__ = ["UnitClaims", "Claim"]
 
 _ATTEMPT_SECS = 30.0  # One claim's deadline: a claim waits only for other claims (microseconds).
 _RETRY_PAUSE_SECS = 0.5
+_WAIT_POLL_SECS = 0.2  # (elastic) a worker that got WAIT claims again this often
 _TRANSIENT = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
               tf.errors.AbortedError, tf.errors.CancelledError)
 
@@ -55,6 +61,27 @@ class UnitClaims:
     with its skip; `wanted`: that unit instead of the next (a replay), or NONE."""
     if epoch != self._epoch:
       self._epoch, self._seq = epoch, 0
+    answer = self._claim_once(session, epoch, at_batch, finished, wanted)
+    progress, since = None, time.monotonic()
+    while answer.unit == WAIT:  # Bounded: timeout_secs without progress ends it.
+      if answer.skip != progress:
+        if progress is None:
+          logging.info("%s: no unit left to hand out in epoch %d while units are in flight; "
+                       "waiting for them to end (or come back from a lost worker)",
+                       self.task_name, epoch)
+        progress, since = answer.skip, time.monotonic()
+      elif time.monotonic() - since >= self._timeout:
+        raise ClaimTimeoutError(
+            f"{self.task_name} waited {self._timeout:.0f} s in epoch {epoch} for the units in "
+            "flight on other workers to end or come back, and none did: check the other "
+            "workers' logs (a stuck worker?), or raise --epochsync_claim_timeout_secs if a "
+            "unit takes longer", ["ps:0"])
+      time.sleep(_WAIT_POLL_SECS)
+      answer = self._claim_once(session, epoch, at_batch, None, wanted)
+    return answer
+
+  def _claim_once(self, session, epoch: int, at_batch: int,
+                  finished: Optional[Tuple[int, int, int]], wanted: int) -> Claim:
     unit, batches, examples = finished if finished else (-1, 0, 0)
     ops = self.ops
     feeds = {ops.epoch: epoch, ops.worker: self._worker, ops.seq: self._seq,
@@ -66,6 +93,12 @@ class UnitClaims:
           f"{self.task_name} claimed a unit of epoch {epoch} but the work queue on ps:0 is in a "
           "later epoch: this worker is behind the others (a process from an earlier run?); "
           "restart the whole job")
+    if answer.unit == FENCED:
+      raise WorkerFencedError(
+          f"{self.task_name} was found lost by the chief (elastic training: it stopped "
+          "answering, or stalled) and its unit went to another worker; this process ends "
+          "without training more. The job goes on without it; relaunch the whole job to bring "
+          "it back", self.task_name)
     self._seq += 1
     return answer
 

@@ -86,7 +86,8 @@ class WorkQueueSpec:
       dataset = tf.data.Dataset.from_tensors(unit).filter(_is_unit).flat_map(batches_of)
       probe = _v1.placeholder(tf.int64, [], "probe_unit")  # unit_fn must give one pass
       cardinality = (probe, batches_of(probe).cardinality())
-    ops = queue_graph.build(len(units), num_workers, seed, shuffle, ps_device, fingerprint(units))
+    ops = queue_graph.build(len(units), num_workers, seed, shuffle, ps_device, fingerprint(units),
+                            elastic=settings.elastic)
     claims = UnitClaims(ops, worker_id, task_name, timeout)
     passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality,
                         self.replay)

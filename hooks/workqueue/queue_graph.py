@@ -78,7 +78,8 @@ class QueueOps:
 class ReclaimOps:
   """The chief's reclaim (elastic): fenced worker `worker`'s unit in flight in `epoch` goes back
   to the head of the queue after the batches the model holds of it: the worker's epoch batch
-  count in the model is `held`. `result`: [the unit (-1: none in flight), its new skip]."""
+  count in the model is `held`. `result`: [the unit (-1: none in flight), its new skip, its
+  skip before] (the new minus the old: the lost worker's batches of it in the model)."""
   epoch: tf.Tensor
   worker: tf.Tensor
   held: tf.Tensor
@@ -218,8 +219,14 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
   answer = tf.where(stale, tf.constant(STALE, tf.int64),
                     tf.where(fenced, tf.constant(FENCED, tf.int64),
                              tf.where(new, unit, parts["last"][worker])))
+  # WAIT's second field is the queue's progress (units finished, handed out): a waiting
+  # worker sees it move while the units in flight end or come back.
+  second = skip_of(answer)
+  if elastic:
+    done = tf.reduce_sum(tf.cast(written["batches"] >= 0, tf.int64))
+    second = tf.where(tf.equal(answer, WAIT), done * (u + 1) + written["next"], second)
   with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
-    return tf.stack([tf.identity(answer), skip_of(answer)])
+    return tf.stack([tf.identity(answer), second])
 
 
 def _reclaim_ops(lock: tf.CriticalSection, state, layout: Layout) -> ReclaimOps:
@@ -256,6 +263,7 @@ def _reclaim(state, feeds, layout: Layout) -> tf.Tensor:
                            claims > _FENCE)
   written["last"] = _put(parts["last"], worker, tf.constant(-1, tf.int64), back)
   header, fields = layout.join(written)
+  old_skip = tf.gather(parts["skip"], safe)
+  none = tf.constant(-1, tf.int64), tf.constant(0, tf.int64), tf.constant(0, tf.int64)
   with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
-    return tf.stack([tf.where(back, unit, tf.constant(-1, tf.int64)),
-                     tf.where(back, skip, tf.constant(0, tf.int64))])
+    return tf.stack([tf.where(back, a, b) for a, b in zip((unit, skip, old_skip), none)])

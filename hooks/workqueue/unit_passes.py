@@ -39,6 +39,9 @@ class UnitPasses(PassSource):
     self._cardinality, self._checked = cardinality, False  # (unit feed, unit_fn's cardinality)
     self._unit = -1
     self.trained: Dict[int, list] = {}  # epoch -> [(unit, batches, examples)], this worker's
+    # (Elastic, the chief) epoch -> {unit: (lost worker id, its batches of the unit in the
+    # model)}: units taken back from lost workers (hooks.elastic), for the audit.
+    self.taken_back: Dict[int, Dict[int, Tuple[int, int]]] = {}
 
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     self.trained.setdefault(epoch, [])
@@ -80,7 +83,7 @@ class UnitPasses(PassSource):
   def _take(self, claim: Claim, epoch: int) -> Claim:
     self._unit = claim.unit
     if claim.unit >= 0:
-      resumed = (f", resumed after the {claim.skip} batches a checkpoint holds"
+      resumed = (f", resumed after the {claim.skip} batches of it the model holds"
                  if claim.skip else "")
       logging.info("%s took unit %d (%s) in epoch %d%s", self.task_name, claim.unit,
                    self.units[claim.unit], epoch, resumed)

@@ -1,0 +1,8 @@
+"""Elastic training: a lost worker does not stop the job (docs/elastic.md).
+
+  from hooks.elastic import LostWorkerWatch   # the chief's; hooks.session.wiring adds it
+"""
+
+from hooks.elastic.lost_workers import LostWorkerWatch
+
+__all__ = ["LostWorkerWatch"]
