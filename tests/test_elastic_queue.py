@@ -2,8 +2,11 @@
 reclaim of a lost worker's unit after the batches the model holds, and the fence."""
 
 import numpy as np
+import pytest
 
+from hooks.errors import WorkerFencedError
 from hooks.workqueue import queue_graph
+from hooks.workqueue.claims import UnitClaims
 from local_queue import LocalQueue
 
 WAIT, FENCED = queue_graph.WAIT, queue_graph.FENCED
@@ -87,3 +90,15 @@ def test_a_reclaim_of_another_epoch_takes_nothing_back():
   queue.claim(1, worker=1, seq=0)
   assert queue.reclaim(0, worker=1, held=9) == (-1, 0)
   assert int(queue.state()["next"]) == 1
+
+
+def test_a_worker_the_chief_fenced_is_refused_at_its_session_start():
+  queue = LocalQueue(units=2, workers=2, elastic=True)
+  claims = UnitClaims(queue.ops, worker_id=1, task_name="worker:1", timeout_secs=5)
+  claims.raise_if_fenced(queue.session)  # not fenced: nothing happens
+  queue.claim(0, worker=1, seq=0)
+  queue.reclaim(0, worker=1, held=0)
+  with pytest.raises(WorkerFencedError, match="worker:1 was found lost by the chief"):
+    claims.raise_if_fenced(queue.session)
+  with pytest.raises(WorkerFencedError, match="its unit went to another worker"):
+    claims.claim(queue.session, epoch=0, at_batch=0)

@@ -3,6 +3,7 @@
   from hooks.elastic import LostWorkerWatch   # the chief's; hooks.session.wiring adds it
 """
 
+from hooks.elastic.fence_check import FenceCheckHook
 from hooks.elastic.lost_workers import LostWorkerWatch
 
-__all__ = ["LostWorkerWatch"]
+__all__ = ["LostWorkerWatch", "FenceCheckHook"]

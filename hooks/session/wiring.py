@@ -35,7 +35,7 @@ from hooks.faults.step_watch import StepWatch
 from hooks.faults.stuck_step import LOST_AFTER_SECS, StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.config.settings import EpochSyncSettings
-from hooks.elastic import LostWorkerWatch
+from hooks.elastic import FenceCheckHook, LostWorkerWatch
 from hooks.errors import ConfigError
 from hooks.workqueue.audit import audit_work_queue
 from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
@@ -134,6 +134,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     determinism.warn_if_nondeterministic(epoch_input.dataset, config.task_name)
   count_applied = (mid_epoch or settings.elastic) and sync is None
   resume = MidEpochResume(epoch_input, **common, count_applied=count_applied)
+  if settings.elastic and not config.is_chief:  # A replaced lost worker ends before the barrier.
+    hooks.append(FenceCheckHook(queue))
   hooks += [done, barrier, resume]
   if settings.elastic and config.is_chief:
     hooks.append(LostWorkerWatch(

@@ -26,7 +26,7 @@ import tensorflow as tf
 from hooks import log as logging
 from hooks.errors import ClaimTimeoutError, EpochSyncError, WorkerFencedError
 from hooks.faults.waiting import run_options
-from hooks.workqueue.queue_graph import ANY, FENCED, QueueOps, STALE, WAIT
+from hooks.workqueue.queue_graph import ANY, FENCE_MARK, FENCED, QueueOps, STALE, WAIT
 
 __all__ = ["UnitClaims", "Claim"]
 
@@ -54,6 +54,16 @@ class UnitClaims:
     self._epoch, self._seq = None, 0
     self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
+
+  def raise_if_fenced(self, session) -> None:
+    """WorkerFencedError if the chief found this worker lost (elastic), e.g. in a process this
+    one replaces: a relaunched worker does not rejoin the running job yet."""
+    claims = session.run(self.ops.state["claims"], options=run_options(self._attempt))
+    if claims[self._worker] <= FENCE_MARK:
+      raise WorkerFencedError(
+          f"{self.task_name} was found lost by the chief of this elastic job and its unit went "
+          "to another worker; a relaunched worker does not rejoin a running job yet. The job "
+          "goes on without it; relaunch the whole job to bring it back", self.task_name)
 
   def claim(self, session, epoch: int, at_batch: int,
             finished: Optional[Tuple[int, int, int]] = None, wanted: int = ANY) -> Claim:

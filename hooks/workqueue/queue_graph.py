@@ -42,14 +42,14 @@ from hooks import graph_keys
 from hooks.errors import ConfigError
 from hooks.workqueue.layout import MAX_WORKERS, Layout, fingerprint_value
 
-__all__ = ["QueueOps", "ReclaimOps", "Layout", "build", "STALE", "WAIT", "FENCED", "ANY",
-           "NONE", "MAX_WORKERS", "fingerprint_value"]
+__all__ = ["QueueOps", "ReclaimOps", "Layout", "build", "STALE", "WAIT", "FENCED", "FENCE_MARK",
+           "ANY", "NONE", "MAX_WORKERS", "fingerprint_value"]
 
 _v1 = tf.compat.v1
 STALE = -2  # a claim's answer: the queue is already in a later epoch than the claim's
 WAIT = -3  # (elastic) none left to hand out, but a unit in flight may come back: claim again
 FENCED = -4  # (elastic) the chief found this worker lost and took its unit back
-_FENCE = -2  # claims[w] <= _FENCE: worker w is fenced (a fresh epoch keeps the mark)
+FENCE_MARK = -2  # claims[w] <= FENCE_MARK: worker w is fenced (a fresh epoch keeps the mark)
 ANY, NONE = -1, -2  # a claim's `wanted`: the next unit of the order, or none (a replay's end)
 
 
@@ -183,12 +183,12 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
       tf.stack([epoch, tf.constant(0, tf.int64), tf.constant(fingerprint, tf.int64),
                 tf.constant(0, tf.int64), tf.constant(0, tf.int64)]),
       order_of(epoch), _fills(-1, u), _fills(0, u), _fills(-1, u), _fills(-1, u), _fills(0, u),
-      tf.where(old_claims <= _FENCE, old_claims, tf.zeros_like(old_claims)),  # fences stay
+      tf.where(old_claims <= FENCE_MARK, old_claims, tf.zeros_like(old_claims)),  # fences stay
       _fills(-1, MAX_WORKERS)], 0)
   parts = layout.parts(tf.where(fresh, started, old))
   worker, position = feeds["worker"], parts["next"]
   stale = parts["epoch"] > epoch
-  fenced = parts["claims"][worker] <= _FENCE
+  fenced = parts["claims"][worker] <= FENCE_MARK
   new = tf.logical_and(tf.equal(parts["claims"][worker], feeds["seq"]), tf.logical_not(stale))
   finished = tf.logical_and(new, feeds["finished"] >= 0)
   order, has_unit = _bring_wanted(parts["order"], position, feeds["wanted"], u)
@@ -259,8 +259,8 @@ def _reclaim(state, feeds, layout: Layout) -> tf.Tensor:
   written["first_batch"] = _put(parts["first_batch"], unit, tf.constant(0, tf.int64), back)
   written["skip"] = _put(parts["skip"], unit, skip, back)
   claims = parts["claims"][worker]
-  written["claims"] = _put(parts["claims"], worker, _FENCE - tf.maximum(claims, 0),
-                           claims > _FENCE)
+  written["claims"] = _put(parts["claims"], worker, FENCE_MARK - tf.maximum(claims, 0),
+                           claims > FENCE_MARK)
   written["last"] = _put(parts["last"], worker, tf.constant(-1, tf.int64), back)
   header, fields = layout.join(written)
   old_skip = tf.gather(parts["skip"], safe)

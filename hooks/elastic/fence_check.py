@@ -1,0 +1,27 @@
+"""A worker of an elastic job refuses to start when the chief already found it lost.
+
+The chief fences a lost worker in the work queue (hooks.elastic.lost_workers). A process that
+replaces it (a relaunch with the same task index) would otherwise arrive at the start barrier
+of a job that no longer counts it; rejoining a running job is not built yet, so it ends at
+once with WorkerFencedError, before the barrier.
+
+Typical usage (hooks.session.wiring adds it on every other worker with --epochsync_elastic,
+before the barrier):
+  hooks.append(FenceCheckHook(queue))
+"""
+
+import tensorflow as tf
+
+from hooks.workqueue.unit_passes import UnitPasses
+
+__all__ = ["FenceCheckHook"]
+
+
+class FenceCheckHook(tf.compat.v1.train.SessionRunHook):
+  """Raises WorkerFencedError at session creation if this worker is fenced in `queue`."""
+
+  def __init__(self, queue: UnitPasses):
+    self._queue = queue
+
+  def after_create_session(self, session, coord):
+    self._queue.claims.raise_if_fenced(session)
