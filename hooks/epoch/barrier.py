@@ -19,7 +19,6 @@ Typical usage:
 """
 
 import dataclasses
-import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -31,6 +30,7 @@ from hooks.epoch import barrier_graph
 from hooks import log as logging
 from hooks.config.cluster import worker_problems
 from hooks.epoch.barrier_wait import BarrierWaiter, Wait, timing_problems
+from hooks.epoch.stand_ins import StandIns
 from hooks.faults.heartbeat import Heartbeat
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError
@@ -109,11 +109,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self._waiter = BarrierWaiter(self.worker_names, worker_id, self._heartbeat, liveness,
                                  warn_after_secs, log_every_secs)
     self._chief_actions: List[ChiefAction] = []
-    # Elastic (the chief): lost worker id -> (epoch, its batches in the model then); the
-    # barrier # being gathered (None: none), under the lock: one stand-in at a time.
-    self._lost: Dict[int, Tuple[int, int]] = {}
-    self._gathering: Optional[Wait] = None
-    self._stand_in_lock = threading.Lock()
+    self.stand_ins = StandIns(self._run_stand_in, self.worker_names, self.task_name)
     epoch_input.add_listener(self)
 
   def add_chief_action(self, action: ChiefAction) -> None:
@@ -122,26 +118,12 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def lose(self, session, worker_id: int, epoch: int, batches: int) -> None:
     """(Elastic, the chief.) Worker `worker_id` is lost in `epoch` with `batches` of it in the
-    model: from now on the chief arrives for it at every barrier, now if it is gathering one
-    (an arrival the worker made itself before it died counts instead)."""
-    with self._stand_in_lock:
-      self._lost[worker_id] = (epoch, batches)
-      if self._gathering is not None:
-        self._arrive_for(session, worker_id, self._gathering)
+    model: from now on the chief arrives for it at every barrier (hooks.epoch.stand_ins)."""
+    self.stand_ins.lose(session, worker_id, epoch, batches)
 
-  @property
-  def lost_workers(self) -> List[str]:
-    """The names of the workers lost so far (elastic), sorted."""
-    with self._stand_in_lock:
-      return sorted(self.worker_names[w] for w in self._lost)
-
-  def _arrive_for(self, session, worker_id: int, wait: Wait) -> None:
-    epoch, batches = self._lost[worker_id]
-    batches = batches if (epoch, wait.barrier) == (wait.epoch, "epoch_end") else 0
-    if _run(session, self._stand_in, {self._stand_in_worker: worker_id,
-                                      self._stand_in_batches: batches, self._seq: wait.seq}):
-      logging.info("%s arrives at %s of epoch %d for %s, which is lost", self.task_name,
-                   wait.barrier, wait.epoch, self.worker_names[worker_id])
+  def _run_stand_in(self, session, worker_id: int, batches: int, seq: int) -> bool:
+    return bool(_run(session, self._stand_in, {self._stand_in_worker: worker_id,
+                                               self._stand_in_batches: batches, self._seq: seq}))
 
   def begin(self):
     ops = barrier_graph.build(self.num_workers, self.worker_id, self._input.num_epochs,
@@ -187,8 +169,9 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       fields = {} if fold else self._run_chief_actions(session, wait, arrivals)
       if not fold:
         _, step = _run(session, self._release, self._release_feed(seq))
-      if self._lost:
-        fields["lost_workers"] = self.lost_workers
+      lost = self.stand_ins.names
+      if lost:
+        fields["lost_workers"] = lost
       if self._audit and barrier == "epoch_end":
         self._audit.write(stats.epoch, arrivals, time.time(), fields,
                           None if step < 0 else int(step))
@@ -207,15 +190,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     Returns the arrivals and global_step (-1 if none) when they were gathered.
     """
     completed = own.epoch + 1 if wait.barrier == "epoch_end" else 0
-    with self._stand_in_lock:  # Lost workers (elastic): the chief arrives for them.
-      self._gathering = wait
-      for worker_id in self._lost:
-        self._arrive_for(session, worker_id, wait)
-    try:
+    with self.stand_ins.gathering(session, wait):  # Lost workers (elastic): arrived for.
       return self._gather_now(session, wait, own, release, completed)
-    finally:
-      with self._stand_in_lock:
-        self._gathering = None
 
   def _gather_now(self, session, wait: Wait, own: EpochStats, release: bool,
                   completed: int) -> Tuple[Dict[str, EpochStats], int]:

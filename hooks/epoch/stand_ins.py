@@ -1,0 +1,75 @@
+"""The chief's arrivals for lost workers at the epoch barrier (elastic training).
+
+Once the chief has found a worker lost (hooks.elastic), it arrives for it at every barrier: one
+run on ps:0 enqueues the worker's arrival (its batches in the model at the epoch's end,
+examples -1: unknown) unless the worker arrived itself before it died, so the chief's gather of
+n-1 arrivals completes without it. A worker lost while the chief gathers is arrived for at
+once. Stand-ins run one at a time under a lock: the op's read of `arrived` and its enqueue are
+two ops, and only the lock keeps two stand-ins for one worker from both enqueuing.
+
+Typical usage (EpochBarrierHook's, on the chief):
+  stand_ins = StandIns(run_stand_in, worker_names, task_name="worker:0")
+  stand_ins.lose(session, worker_id=1, epoch=0, batches=13)    # hooks.elastic's watch
+  with stand_ins.gathering(session, wait): ...                   # the gather's blocking run
+"""
+
+import contextlib
+import threading
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from hooks import log as logging
+from hooks.epoch.barrier_wait import Wait
+
+__all__ = ["StandIns"]
+
+
+class StandIns:
+  """Lost workers and the chief's arrivals for them.
+
+  Args:
+    run_stand_in: (session, worker_id, batches, seq) -> whether it enqueued an arrival.
+    worker_names: task names by worker id.
+    task_name: the chief's, for the log.
+  """
+
+  def __init__(self, run_stand_in: Callable[[object, int, int, int], bool],
+               worker_names: Sequence[str], task_name: str):
+    self._run, self._names, self._task = run_stand_in, list(worker_names), task_name
+    self._lost: Dict[int, Tuple[int, int]] = {}  # worker id -> (epoch, batches in the model)
+    self._gathering: Optional[Wait] = None
+    self._lock = threading.Lock()
+
+  def lose(self, session, worker_id: int, epoch: int, batches: int) -> None:
+    """Worker `worker_id` is lost in `epoch` with `batches` of it in the model: arrive for it
+    at every barrier from now on, now if one is being gathered."""
+    with self._lock:
+      self._lost[worker_id] = (epoch, batches)
+      if self._gathering is not None:
+        self._arrive_for(session, worker_id, self._gathering)
+
+  @property
+  def names(self) -> List[str]:
+    """The lost workers' names, sorted."""
+    with self._lock:
+      return sorted(self._names[w] for w in self._lost)
+
+  @contextlib.contextmanager
+  def gathering(self, session, wait: Wait) -> Iterator[None]:
+    """Around the chief's gather of `wait`: arrives for every worker lost so far, and for one
+    lost while it gathers."""
+    with self._lock:
+      self._gathering = wait
+      for worker_id in self._lost:
+        self._arrive_for(session, worker_id, wait)
+    try:
+      yield
+    finally:
+      with self._lock:
+        self._gathering = None
+
+  def _arrive_for(self, session, worker_id: int, wait: Wait) -> None:
+    epoch, batches = self._lost[worker_id]
+    batches = batches if (epoch, wait.barrier) == (wait.epoch, "epoch_end") else 0
+    if self._run(session, worker_id, batches, wait.seq):
+      logging.info("%s arrives at %s of epoch %d for %s, which is lost", self._task,
+                   wait.barrier, wait.epoch, self._names[worker_id])
