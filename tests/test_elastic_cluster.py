@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import time
+from typing import Tuple
 
 import pytest
 import tensorflow as tf
@@ -27,16 +28,16 @@ BATCH = 8
 _TOOK = re.compile(r"worker:1 took unit (\d+) .* in epoch 0")
 
 
-def _kill_inside_a_unit(cluster, log_path: str, deadline: float) -> int:
+def _kill_inside_a_unit(cluster, log_path: str, deadline: float) -> Tuple[int, float]:
   """Kills worker:1 about two batches into the first unit of 4+ batches it takes in epoch 0;
-  the unit's index."""
+  the unit's index and the time of the kill."""
   while time.monotonic() < deadline:
     text = open(log_path).read() if os.path.exists(log_path) else ""
     big = [int(u) for u in _TOOK.findall(text) if UNITS[int(u)] >= 4]
     if big:
       time.sleep(1.0)  # worker:1's steps take 0.4 s: it is inside the unit
       cluster.kill_task("worker:1")
-      return big[0]
+      return big[0], time.time()
     time.sleep(0.02)
   raise AssertionError("worker:1 never took a unit of 4 or more batches in epoch 0")
 
@@ -51,8 +52,8 @@ def test_a_worker_killed_inside_a_unit_is_left_behind_and_every_unit_is_trained_
   with LocalCluster(num_workers=3, timeout_secs=150, fail_fast_secs=None,
                     log_dir=str(tmp_path / "logs")) as cluster:
     cluster.start(command, per_task_args={"worker:1": ["--slowdown=4"]})
-    unit = _kill_inside_a_unit(cluster, os.path.join(cluster.log_dir, "worker-1.log"),
-                               time.monotonic() + 90)
+    unit, killed_at = _kill_inside_a_unit(
+        cluster, os.path.join(cluster.log_dir, "worker-1.log"), time.monotonic() + 90)
     result = cluster.wait()
   codes = {name: r.returncode for name, r in result.tasks.items()}
   assert codes == {"worker:0": 0, "worker:1": -9, "worker:2": 0}, [
@@ -76,5 +77,11 @@ def test_a_worker_killed_inside_a_unit_is_left_behind_and_every_unit_is_trained_
   step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
   assert 2 * sum(UNITS) <= step <= 2 * sum(UNITS) + 1, step
   chief_log = open(os.path.join(str(tmp_path / "logs"), "worker-0.log")).read()
-  assert re.search(r"\nW\d{4} .*worker:1 is lost in epoch 0 .*elastic: its unit "
-                   rf"{unit} .*goes back to the queue", chief_log), chief_log[-3000:]
+  found = re.search(r"\nW\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*worker:1 is lost in epoch 0 "
+                    rf".*elastic: its unit {unit} .*goes back to the queue", chief_log)
+  assert found, chief_log[-3000:]
+  h, m, s = found.groups()  # the chief's log is in local time, as time.localtime()
+  day = time.localtime(killed_at)
+  found_at = time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s)
+  print(f"worker:1 found lost {found_at - killed_at:.2f} s after the kill")
+  assert 0 < found_at - killed_at < 10, (killed_at, found_at)  # a probe a second
