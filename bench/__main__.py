@@ -10,7 +10,7 @@
   ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
                              save_stall, run_cost, work_queue, work_queue_sync, claim_cost,
-                             step_runner_cost
+                             step_runner_cost, queue_step_cost
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
@@ -48,11 +48,14 @@ _FULL = {
     "startup_scaling": ("bench.startup_scaling", ["--workers=2,4,8", "--repetitions=5",
                                           "--output={out}.json", "--plot={out}.png"]),
     "input_overhead": ("bench.input_overhead", ["--output={out}.json"]),
+    "queue_step_cost": ("bench.input_overhead", [
+        "--variants=epoch_input,work_queue@25,work_queue@100,work_queue@400", "--steps=4000",
+        "--repetitions=5", "--step_cpu_ms=26.22", "--output={out}.json"]),
     "resume_cost": ("bench.resume_cost", ["--output={out}.json"]),
     "save_stall": ("bench.save_stall", ["--output={out}.json"]),
     "run_cost": ("bench.run_cost", ["--output={out}.json"]),
-    "work_queue": ("bench.work_queue", ["--repetitions=2", "--total_batches=480",
-                                        "--unit_batches=4,8,16", "--output={out}.json"]),
+    "work_queue": ("bench.work_queue", ["--repetitions=2", "--total_batches=1920",
+                                        "--unit_batches=8,16", "--output={out}.json"]),
     "work_queue_sync": ("bench.work_queue_sync", ["--repetitions=3", "--output={out}.json"]),
     "claim_cost": ("bench.claim_cost", ["--claimers=2,8,32", "--output={out}.json"]),
     "step_runner_cost": ("bench.step_runner_cost", ["--output={out}.json"]),
