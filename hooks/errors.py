@@ -38,6 +38,7 @@ __all__ = [
     "EpochIncompleteError",
     "WorkQueueError",
     "WorkerFencedError",
+    "FENCED_MARK",
     "UnsupportedTensorFlowError",
     "EstimatorUnavailableError",
     "raise_if_problems",
@@ -107,6 +108,10 @@ class EpochIncompleteError(EpochSyncError):
 class WorkQueueError(EpochSyncError):
   """The work queue's epoch is not exact: a unit never handed out, never finished, or holding
   other counts than its worker trained or than its records; the message names each."""
+
+
+# In the message of the step that a fenced worker's gate failed (hooks.workqueue.queue_graph).
+FENCED_MARK = "epochsync: this worker is fenced"
 
 
 class WorkerFencedError(EpochSyncError):

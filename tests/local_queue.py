@@ -4,6 +4,7 @@
   unit = queue.claim(0, worker=1, seq=0)                       # the unit handed out
   unit, skip = queue.claim_and_skip(0, 1, 1, at=3, finished=(unit, 3, 24))
   state = queue.state()                                        # the fields, by name
+  queue.pass_gate(worker=1, times=3)     # (elastic) three of its steps' batches pass the gate
 """
 
 import tensorflow as tf
@@ -23,6 +24,7 @@ class LocalQueue:
       init = _v1.global_variables_initializer()
     self.session = _v1.Session(graph=self.graph)
     self.session.run(init)
+    self._gates = {}
 
   def claim(self, epoch, worker, seq, at=0, finished=(-1, 0, 0), wanted=queue_graph.ANY):
     return self.claim_and_skip(epoch, worker, seq, at, finished, wanted)[0]
@@ -45,9 +47,20 @@ class LocalQueue:
   def write(self, vector):
     self.session.run(self.ops.assign, {self.ops.new_vector: vector})
 
-  def reclaim(self, epoch, worker, held):
+  def reclaim(self, epoch, worker):
     """The chief's reclaim of lost `worker`'s unit in flight (elastic): (unit, its skip)."""
+    return self.reclaim_result(epoch, worker)[:2]
+
+  def reclaim_result(self, epoch, worker):
+    """(unit, its new skip, its old skip, the worker's epoch batches in the model)."""
     ops = self.ops.reclaim
-    unit, skip, _ = self.session.run(ops.result, {ops.epoch: epoch, ops.worker: worker,
-                                                  ops.held: held})
-    return int(unit), int(skip)
+    return tuple(int(x) for x in self.session.run(ops.result, {ops.epoch: epoch,
+                                                               ops.worker: worker}))
+
+  def pass_gate(self, worker, times=1):
+    """`times` steps of `worker` pass the gate (elastic; a fenced one: InvalidArgumentError)."""
+    if worker not in self._gates:
+      with self.graph.as_default():
+        self._gates[worker] = queue_graph.gate(self.ops, worker, tf.no_op())
+    for _ in range(times):
+      self.session.run(self._gates[worker])

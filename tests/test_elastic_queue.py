@@ -3,8 +3,9 @@ reclaim of a lost worker's unit after the batches the model holds, and the fence
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from hooks.errors import WorkerFencedError
+from hooks.errors import FENCED_MARK, WorkerFencedError
 from hooks.workqueue import queue_graph
 from hooks.workqueue.claims import UnitClaims
 from local_queue import LocalQueue
@@ -44,12 +45,13 @@ def test_a_lost_workers_unit_goes_back_after_the_batches_the_model_holds():
   lost = queue.claim(0, worker=1, seq=0, at=10)  # worker:1 is at its 10th batch of the epoch
   third = queue.claim(0, worker=2, seq=0)
   assert queue.claim(0, worker=0, seq=1, at=5, finished=(first, 5, 40)) == WAIT
-  assert queue.reclaim(0, worker=1, held=13) == (lost, 3)  # the model holds 3 of its batches
+  queue.pass_gate(worker=1, times=3)  # 3 of its batches passed the gate: the model holds them
+  assert queue.reclaim_result(0, worker=1) == (lost, 3, 0, 13)
   state = queue.state()
   assert int(state["next"]) == 2 and int(state["owner"][lost]) == -1
   assert list(state["order"][:2]) == [first, third] and int(state["order"][2]) == lost
   before = queue.state()
-  assert queue.reclaim(0, worker=1, held=13) == (-1, 0)  # run twice: nothing more
+  assert queue.reclaim(0, worker=1) == (-1, 0)  # run twice: nothing more
   assert _same(before, queue.state())
   assert queue.claim_and_skip(0, worker=0, seq=2, at=5) == (lost, 3)
   assert int(queue.state()["first_batch"][lost]) == 5 - 3
@@ -68,7 +70,8 @@ def test_a_unit_resumed_with_a_skip_is_reclaimed_after_all_the_batches_the_model
   header, fields = queue.ops.layout.join(parts)
   queue.write(np.concatenate([np.array(header, np.int64)] + fields))
   assert queue.claim_and_skip(0, worker=1, seq=0, at=2) == (1, 4)  # first_batch 2 - 4 = -2
-  assert queue.reclaim(0, worker=1, held=5) == (1, 7)  # 4 held before + 3 trained since
+  queue.pass_gate(worker=1, times=3)
+  assert queue.reclaim(0, worker=1) == (1, 7)  # 4 held before + 3 trained since
 
 
 def test_a_lost_worker_with_no_unit_in_flight_is_fenced_into_the_next_epochs():
@@ -77,7 +80,7 @@ def test_a_lost_worker_with_no_unit_in_flight_is_fenced_into_the_next_epochs():
   second = queue.claim(0, worker=1, seq=1, at=3, finished=(first, 3, 24))
   assert queue.claim(0, worker=1, seq=2, at=5, finished=(second, 2, 16)) == -1
   before = queue.state()
-  assert queue.reclaim(0, worker=1, held=5) == (-1, 0)
+  assert queue.reclaim(0, worker=1) == (-1, 0)
   after = queue.state()
   assert all(np.array_equal(before[k], after[k]) for k in before if k != "claims")
   assert queue.claim(1, worker=0, seq=0) >= 0  # epoch 1 starts its queue
@@ -88,7 +91,7 @@ def test_a_lost_worker_with_no_unit_in_flight_is_fenced_into_the_next_epochs():
 def test_a_reclaim_of_another_epoch_takes_nothing_back():
   queue = LocalQueue(units=2, workers=2, elastic=True)
   queue.claim(1, worker=1, seq=0)
-  assert queue.reclaim(0, worker=1, held=9) == (-1, 0)
+  assert queue.reclaim(0, worker=1) == (-1, 0)
   assert int(queue.state()["next"]) == 1
 
 
@@ -97,8 +100,30 @@ def test_a_worker_the_chief_fenced_is_refused_at_its_session_start():
   claims = UnitClaims(queue.ops, worker_id=1, task_name="worker:1", timeout_secs=5)
   claims.raise_if_fenced(queue.session)  # not fenced: nothing happens
   queue.claim(0, worker=1, seq=0)
-  queue.reclaim(0, worker=1, held=0)
+  queue.reclaim(0, worker=1)
   with pytest.raises(WorkerFencedError, match="worker:1 was found lost by the chief"):
     claims.raise_if_fenced(queue.session)
   with pytest.raises(WorkerFencedError, match="its unit went to another worker"):
     claims.claim(queue.session, epoch=0, at_batch=0)
+
+
+def test_the_gate_counts_each_batch_from_the_workers_count_at_its_claim():
+  queue = LocalQueue(units=3, workers=2, elastic=True)
+  first = queue.claim(1, worker=1, seq=0, at=0)
+  queue.pass_gate(worker=1, times=4)
+  queue.claim(1, worker=1, seq=1, at=4, finished=(first, 4, 32))
+  queue.pass_gate(worker=1, times=2)
+  assert queue.reclaim_result(1, worker=1)[1:] == (2, 0, 6)  # 2 of the second unit; 6 in all
+  epoch, count = divmod(int(queue.session.run(queue.ops.gated)[1]), 2**32)
+  assert (epoch, count) == (1, 6)
+
+
+def test_a_fenced_workers_step_fails_at_the_gate_and_counts_nothing():
+  queue = LocalQueue(units=2, workers=2, elastic=True)
+  queue.claim(0, worker=1, seq=0, at=0)
+  queue.pass_gate(worker=1, times=2)
+  assert queue.reclaim_result(0, worker=1)[3] == 2
+  with pytest.raises(tf.errors.InvalidArgumentError, match=FENCED_MARK):
+    queue.pass_gate(worker=1)  # it woke up after the chief took its unit back: refused
+  assert int(queue.session.run(queue.ops.gated)[1]) == 2
+  queue.pass_gate(worker=0)  # another worker's gate is open

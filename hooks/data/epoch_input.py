@@ -88,6 +88,10 @@ class EpochInput:
           tf.constant(0, tf.int64), _add_batch_size)
       self._lookahead = lookahead.LookAhead(self._iterator, dataset.element_spec)
       self._next = self._lookahead.batch
+      gate = self.passes.batch_gate(self._lookahead.dequeue_op)
+      if gate is not None:  # (an elastic work queue) The batch reaches the model through it.
+        with tf.control_dependencies([gate]):
+          self._next = tf.nest.map_structure(tf.identity, self._next, expand_composites=True)
       # This worker's epoch, set by the hook before each epoch's first step. A local variable
       # on this worker (colocated with a worker op: replica_device_setter would put a variable
       # on a ps task, shared by every worker).

@@ -47,6 +47,13 @@ class PassSource:
   # skip), not over the epoch's dataset (a work queue's units are not the worker's shard).
   skips_by_pass = False
 
+  def batch_gate(self, after: Any) -> Optional[Any]:
+    """An op each step's batch waits for before it reaches the model, run after `after` (the
+    step's take of the batch), or None (here: none). An elastic work queue's counts the batch
+    or fails the step of a fenced worker."""
+    del after
+    return None
+
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     """The epoch's first pass (it runs with the epoch's start ops; it may be empty).
     `epoch_batches`: the worker's position in the epoch (a resumed synchronous epoch: S)."""

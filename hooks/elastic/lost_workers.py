@@ -2,28 +2,29 @@
 
 Only the chief acts on a worker's death; the other workers never wait for one another. Once a
 second a thread of the chief probes the other workers (hooks.faults.liveness: ~0.2 ms each). A
-worker whose server is gone or restarted is lost, and the chief, in this order:
+worker whose server is gone or restarted is lost, and so is one that answered no probe for
+`stalled_after_secs` (frozen: SIGSTOP, a long pause, a partition). The chief, in this order:
   1. reclaims its unit: one run on ps:0 inside the work queue's critical section fences the
-     worker (its later claims answer FENCED) and puts its unit in flight back at the head of
-     the queue, after the batches the model holds of it (the worker's applied count: it rises
-     in the run that applies the batch); the next claim, by any worker, resumes the unit there.
-     Run twice, the second run changes nothing;
+     worker (its later claims answer FENCED, its later steps fail at the queue's gate) and puts
+     its unit in flight back at the head of the queue, after the batches of it that passed the
+     worker's gate (each step's batch passes it, in the same critical section, before it
+     reaches the model); the next claim, by any worker, resumes the unit there. Run twice, the
+     second run changes nothing;
   2. arrives for it at every barrier from now on (EpochBarrierHook.lose);
   3. records the unit's part the lost worker trained, for the audit line (UnitPasses.taken_back).
 A WARNING names the worker, why it is lost, its unit and what the model holds of it.
 
 Typical usage (hooks.session.wiring does it on the chief with --epochsync_elastic):
-  watch = LostWorkerWatch(queue, barrier, monitor, applied=lambda: state["applied"],
-                          worker_names=config.worker_names)
+  watch = LostWorkerWatch(queue, barrier, monitor, worker_names=config.worker_names,
+                          stalled_after_secs=settings.step_timeout_secs)
   hooks.append(watch)
 """
 
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from hooks import graph_keys
 from hooks import log as logging
 from hooks.faults import step_retry
 from hooks.faults.liveness import PERIOD_SECS, LivenessMonitor
@@ -43,24 +44,25 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     queue: the chief's `UnitPasses` (its claims' ops, built with elastic=True).
     barrier: the chief's `EpochBarrierHook`.
     monitor: the process's `LivenessMonitor`.
-    applied: () -> the per-worker applied-count variable (called in begin()).
     worker_names: task names by worker id; id 0, the chief, is never probed.
+    stalled_after_secs: `float`, a worker that answers no probe for this long is lost too
+      (frozen: SIGSTOP, a long pause, a partition); --epochsync_step_timeout_secs.
     period_secs: `float`, how often the workers are probed.
   """
 
   def __init__(self, queue: UnitPasses, barrier, monitor: LivenessMonitor,
-               applied: Callable[[], tf.Variable], worker_names: Sequence[str],
+               worker_names: Sequence[str], stalled_after_secs: float,
                period_secs: float = PERIOD_SECS):
     self._queue, self._barrier, self._monitor = queue, barrier, monitor
-    self._applied_fn, self._names, self._period = applied, list(worker_names), period_secs
+    self._names, self._period = list(worker_names), period_secs
+    self._stalled_after = stalled_after_secs
     self._lost: set = set()
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
 
   def begin(self):
     ops = self._queue.claims.ops
-    self._reclaim = ops.reclaim
-    self._read = (self._applied_fn().read_value(), ops.state["epoch"])
+    self._reclaim, self._read_epoch = ops.reclaim, ops.state["epoch"]
 
   def after_create_session(self, session, coord):
     self._stop.clear()
@@ -77,7 +79,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     """Probes every period until end(); a failed reclaim stops the session with its error."""
     while not self._stop.wait(self._period):  # Bounded by end() (and the process's exit).
       names = [n for n in self._names[1:] if n not in self._lost]
-      for name, why in self._monitor.dead(names):
+      for name, why in self._monitor.dead(names, stalled_after_secs=self._stalled_after):
         try:
           self._lose(session, self._names.index(name), why)
         except Exception as e:  # pylint: disable=broad-except
@@ -91,16 +93,15 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     run = lambda fetches, feeds=None: step_retry.run_rerunnable(
         lambda: session.run(fetches, feeds, options=run_options(_RUN_TIMEOUT_SECS)),
         f"the reclaim of {name}'s unit", self._names[0])
-    applied, epoch = run(self._read)
-    held = graph_keys.batches_in_epoch(int(applied[worker_id]), int(epoch))
+    epoch = int(run(self._read_epoch))
     ops = self._reclaim
-    unit, skip, old_skip = (int(x) for x in run(ops.result, {
-        ops.epoch: int(epoch), ops.worker: worker_id, ops.held: held}))
+    unit, skip, old_skip, held = (int(x) for x in run(ops.result, {ops.epoch: epoch,
+                                                                   ops.worker: worker_id}))
     if unit >= 0:
-      self._queue.taken_back.setdefault(int(epoch), {})[unit] = (worker_id, skip - old_skip)
-    self._barrier.lose(session, worker_id, int(epoch), held)
+      self._queue.taken_back.setdefault(epoch, {})[unit] = (worker_id, skip - old_skip)
+    self._barrier.lose(session, worker_id, epoch, held)
     left = len(self._names) - 1 - len(self._lost)
     what = (f"its unit {unit} ({self._queue.units[unit]}) goes back to the queue after the "
             f"{skip} batches of it the model holds" if unit >= 0 else "it held no unit")
     logging.warning("%s is lost in epoch %d (%s); elastic: %s, and the job goes on with %s and "
-                    "%d other worker(s)", name, int(epoch), why, what, self._names[0], left)
+                    "%d other worker(s)", name, epoch, why, what, self._names[0], left)

@@ -73,6 +73,7 @@ class LivenessMonitor:
     self._clock = clock
     self._lock = threading.Lock()
     self._incarnations: Dict[str, int] = {}
+    self._busy_since: Dict[str, float] = {}  # name -> when its probes stopped being answered
     self._last_check: Dict[Tuple[str, ...], float] = {}
     # Tasks whose death is no error here (elastic training: the other workers, whose loss the
     # chief handles); check() and raise_if_any_died() pass over them, dead() does not.
@@ -87,8 +88,10 @@ class LivenessMonitor:
           self._incarnations.setdefault(name, answer.incarnation)
     return answers
 
-  def dead(self, names: Sequence[str], known_up: Sequence[str] = ()) -> List[Tuple[str, str]]:
-    """(name, why) of each task that answered before and now is gone or restarted.
+  def dead(self, names: Sequence[str], known_up: Sequence[str] = (),
+           stalled_after_secs: Optional[float] = None) -> List[Tuple[str, str]]:
+    """(name, why) of each task that answered before and now is gone or restarted, or (with
+    `stalled_after_secs`) has answered no probe for that long: frozen or cut off.
 
     A task in `known_up` (e.g. one a session already reached) that is down counts as dead
     even if this process never saw its first answer.
@@ -96,12 +99,25 @@ class LivenessMonitor:
     out = []
     for name, answer in self.probe(names).items():
       first = self._incarnations.get(name)
-      if answer.state == _DOWN and (first is not None or name in known_up):
+      silent = self._silent_for(name, answer.state == _BUSY)
+      if (stalled_after_secs is not None and silent >= stalled_after_secs
+          and first is not None):
+        out.append((name, f"it has answered no probe for {silent:.0f} s: the process is frozen "
+                          "(SIGSTOP, a long pause) or cut off from this task"))
+      elif answer.state == _DOWN and (first is not None or name in known_up):
         out.append((name, f"its server at {self.addresses[name]} is gone: {answer.detail}"))
       elif answer.state == _UP and answer.incarnation != first:
         out.append((name, f"it restarted (a new process answers at {self.addresses[name]}; "
                           "the old one's state is lost)"))
     return out
+
+  def _silent_for(self, name: str, busy: bool) -> float:
+    """Seconds since `name`'s first unanswered probe of the current run of them (0: answered)."""
+    with self._lock:
+      if not busy:
+        self._busy_since.pop(name, None)
+        return 0.0
+      return self._clock() - self._busy_since.setdefault(name, self._clock())
 
   def never_answered(self, names: Sequence[str]) -> List[str]:
     """The tasks among `names` that no probe of this process has found up yet."""

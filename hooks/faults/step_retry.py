@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from hooks import graph_keys
 from hooks import log as logging
+from hooks.errors import FENCED_MARK, WorkerFencedError
 from hooks.faults import step_runner
 from hooks.faults.stuck_step import LostRunError, StuckStepWatchdog
 
@@ -129,12 +130,28 @@ def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepW
     call = ((lambda: watchdog.run(lambda: run(*args, **kwargs))) if watchdog else
             (lambda: run(*args, **kwargs)))
     with watchdog.step(_kind(args, kwargs)) if watchdog else contextlib.nullcontext():
-      return run_retrying(call, f"step {steps[0]} of this task", task_name,
-                          lambda e: isinstance(e, LostRunError) or
-                          step_retryable(e, task_name, gated))
+      try:
+        return run_retrying(call, f"step {steps[0]} of this task", task_name,
+                            lambda e: isinstance(e, LostRunError) or
+                            step_retryable(e, task_name, gated))
+      except tf.errors.InvalidArgumentError as e:
+        _raise_if_fenced(e, task_name)
+        raise
 
   run_step._epochsync_retrying = True  # pylint: disable=protected-access
   session.run = run_step
+
+
+def _raise_if_fenced(error: tf.errors.OpError, task_name: str) -> None:
+  """WorkerFencedError if `error` is the elastic work queue's gate refusing this worker's step
+  (hooks.workqueue.queue_graph.gate): nothing of the step reached the model."""
+  if FENCED_MARK in (error.message or ""):
+    raise WorkerFencedError(
+        f"{task_name} was found lost by the chief of this elastic job (it stopped answering, or "
+        "stalled: SIGSTOP, a long pause, a partition) and its unit went to another worker; "
+        "this step was refused before its batch reached the model, and the process ends "
+        "without training more. The job goes on without it; relaunch the whole job to bring it "
+        "back", task_name) from error
 
 
 def _close_unless_runs_left_behind(session, task_name: str) -> None:

@@ -52,6 +52,10 @@ LOST_AFTER_SECS = 30.0  # A step's partitions are issued within this (registrati
 MAX_LOST = 3  # times one step's run is left behind and run again before the process ends
 _FLAG = "--epochsync_step_timeout_secs"
 _PROBE_TIMEOUT_SECS = 5.0
+# A poll this much later than due: the process did not run meanwhile (SIGSTOP, a pause of the
+# whole process). That time is not the step's: its clock restarts (an elastic job's chief may
+# have fenced this worker meanwhile; its next step then fails at the work queue's gate).
+_FROZEN_GAP_SECS = 5.0
 _v1 = tf.compat.v1
 
 
@@ -149,11 +153,24 @@ class StuckStepWatchdog:
     self._runner.stop()
 
   def _run(self, stop: threading.Event) -> None:
+    polled = time.monotonic()
     while not stop.wait(self._poll_secs):
+      polled, gap = time.monotonic(), time.monotonic() - polled - self._poll_secs
+      if gap >= _FROZEN_GAP_SECS:
+        self._restart_clock(gap)
       waited = self._lost()
       if (waited is not None and not self._leave_behind(waited)) or self._too_long():
         self._exit(EXIT_STATUS)
         return
+
+  def _restart_clock(self, gap: float) -> None:
+    """The process did not run for `gap` seconds: the running step's clock restarts."""
+    logging.info("%s did not run for %.0f s (frozen: SIGSTOP, a pause of the whole process); "
+                 "the running step's clock restarts", self.task_name, gap)
+    if self._step_started is not None:
+      self._step_started = time.monotonic()
+    if self._watch is not None:
+      self._watch.touch()
 
   def _lost(self) -> Optional[float]:
     """How long the running step has waited if its partition here never started (its marker

@@ -24,7 +24,6 @@ from hooks.sync.aggregation_group import AggregationGroup
 from hooks.sync.done_counter import WorkerDoneHook
 from hooks.data.epoch_input import EpochInput
 from hooks.epoch.summaries import EpochSummaryHook
-from hooks.checkpoint import mid_epoch as mid_epoch_lib
 from hooks.checkpoint.mid_epoch import MidEpochSaveHook
 from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
 from hooks.checkpoint.mid_epoch_resume import MidEpochResume
@@ -138,9 +137,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     hooks.append(FenceCheckHook(queue))
   hooks += [done, barrier, resume]
   if settings.elastic and config.is_chief:
-    hooks.append(LostWorkerWatch(
-        queue, barrier, monitor, worker_names=config.worker_names,
-        applied=lambda: mid_epoch_lib.state(config.num_workers, "/job:ps/task:0")["applied"]))
+    hooks.append(LostWorkerWatch(queue, barrier, monitor, worker_names=config.worker_names,
+                                 stalled_after_secs=settings.step_timeout_secs))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))

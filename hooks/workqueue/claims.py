@@ -55,6 +55,10 @@ class UnitClaims:
     self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
 
+  @property
+  def worker_id(self) -> int:
+    return self._worker
+
   def raise_if_fenced(self, session) -> None:
     """WorkerFencedError if the chief found this worker lost (elastic), e.g. in a process this
     one replaces: a relaunched worker does not rejoin the running job yet."""

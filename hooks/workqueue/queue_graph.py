@@ -19,6 +19,12 @@ With `elastic`, a claim that finds no unit left while another worker's unit is s
 answers WAIT (that unit may come back: its worker may die), and the chief's `reclaim` puts the
 unit in flight of a worker it found dead back at the head of the queue, after the batches the
 model holds, and fences the worker: its later claims answer FENCED (hooks.elastic).
+With `elastic` each of a worker's steps also passes the queue's `gate` (in the same critical
+section, in the step's run, before the batch reaches the model): it counts the batch as the
+worker's (`gated`, set to the worker's epoch batch count by each claim) unless the worker is
+fenced, and then fails the step; the reclaim takes the unit back after the gated batches. So a
+batch counts in the model exactly when it passed the gate, whether its worker froze before or
+after (hooks.elastic).
 The chief's `assign` (in the same critical section) writes a whole resumed state before the
 run starts (hooks.checkpoint.unit_resume).
 A claim computes the whole new state from the old and writes it with one assign, so a claim
@@ -39,10 +45,10 @@ from typing import Dict
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks.errors import ConfigError
+from hooks.errors import FENCED_MARK, ConfigError
 from hooks.workqueue.layout import MAX_WORKERS, Layout, fingerprint_value
 
-__all__ = ["QueueOps", "ReclaimOps", "Layout", "build", "STALE", "WAIT", "FENCED", "FENCE_MARK",
+__all__ = ["QueueOps", "ReclaimOps", "Layout", "build", "gate", "STALE", "WAIT", "FENCED", "FENCE_MARK",
            "ANY", "NONE", "MAX_WORKERS", "fingerprint_value"]
 
 _v1 = tf.compat.v1
@@ -72,17 +78,19 @@ class QueueOps:
   assign: tf.Tensor          # writes new_vector (the chief, before the run starts)
   layout: "Layout"
   reclaim: "ReclaimOps | None" = None  # with elastic: the chief's reclaim of a lost worker's unit
+  lock: "tf.CriticalSection | None" = None  # with elastic: the claims' lock, for `gate`
+  gated: "tf.Variable | None" = None  # with elastic: per worker, its batches that passed `gate`
+  state_variable: "tf.Variable | None" = None  # the variable `vector` reads
 
 
 @dataclasses.dataclass(frozen=True)
 class ReclaimOps:
   """The chief's reclaim (elastic): fenced worker `worker`'s unit in flight in `epoch` goes back
-  to the head of the queue after the batches the model holds of it: the worker's epoch batch
-  count in the model is `held`. `result`: [the unit (-1: none in flight), its new skip, its
-  skip before] (the new minus the old: the lost worker's batches of it in the model)."""
+  to the head of the queue after the batches of it that passed the worker's gate. `result`:
+  [the unit (-1: none in flight), its new skip, its skip before (the new minus the old: the
+  lost worker's batches of it in the model), the worker's epoch batches in the model]."""
   epoch: tf.Tensor
   worker: tf.Tensor
-  held: tf.Tensor
   result: tf.Tensor
 
 
@@ -119,15 +127,42 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     feeds["wanted"] = _v1.placeholder_with_default(tf.constant(ANY, tf.int64), [], "wanted")
     lock = tf.CriticalSection(name="lock", shared_name="epochsync_workqueue_lock")
     order_of = functools.partial(_order, num_units, seed, shuffle)
+    gated = _gated_variable() if elastic else None
     claim = functools.partial(_claim, state, feeds, layout, order_of,
-                              fingerprint_value(fingerprint), elastic)
+                              fingerprint_value(fingerprint), gated)
     result = _execute_unrecorded(lock, claim)
     vector = state.read_value()
     new_vector = _v1.placeholder(tf.int64, [layout.size], "new_state")
     assign = _execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
-    reclaim = _reclaim_ops(lock, state, layout) if elastic else None
+    reclaim = _reclaim_ops(lock, state, gated, layout) if elastic else None
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
-                  new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim, **feeds)
+                  new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
+                  lock=lock if elastic else None, gated=gated, state_variable=state, **feeds)
+
+
+def _gated_variable() -> tf.Variable:
+  """(elastic) Per worker: epoch * EPOCH_SHIFT + its epoch batch count: set by each claim,
+  one more per batch that passed the gate. In checkpoints like the rest of the state, though
+  every run's first claims set it again."""
+  gated = _v1.get_variable("epochsync/workqueue/gated", [MAX_WORKERS], tf.int64,
+                           _v1.zeros_initializer(), trainable=False, use_resource=True)
+  _v1.add_to_collection(graph_keys.STATE_VARIABLES, gated)
+  return gated
+
+
+def gate(ops: QueueOps, worker_id: int, after: tf.Operation) -> tf.Operation:
+  """(elastic) The op a step of worker `worker_id` runs before its batch reaches the model,
+  after `after` (the step's take of the batch): one run of the lock on ps:0 that counts the
+  batch as the worker's, or, if the chief fenced the worker, fails the step with
+  InvalidArgumentError carrying `errors.FENCED_MARK` (hooks.faults.step_retry turns it into
+  WorkerFencedError)."""
+  with _v1.device(ops.gated.device), tf.name_scope("epochsync_workqueue_gate"):
+    with tf.control_dependencies([after]):
+      passed = _execute_unrecorded(
+          ops.lock, functools.partial(_pass_gate, ops.state_variable, ops.gated, ops.layout,
+                                      worker_id))
+    return tf.debugging.Assert(passed, [tf.constant(
+        f"{FENCED_MARK}: worker id {worker_id}, found lost by the chief")], name="fence")
 
 
 def _assign(state, vector) -> tf.Tensor:
@@ -172,8 +207,17 @@ def _bring_wanted(order, position, wanted, u: int):
   return order, has_unit
 
 
+def _pass_gate(state, gated, layout: Layout, worker_id: int) -> tf.Tensor:
+  """The gate's graph (inside the lock): whether worker `worker_id` is not fenced; if not, its
+  gated count rises by one."""
+  passed = layout.parts(state.read_value())["claims"][worker_id] > FENCE_MARK
+  count = gated.scatter_nd_add([[worker_id]], tf.reshape(tf.cast(passed, tf.int64), [1]))
+  with tf.control_dependencies([count]):
+    return tf.identity(passed)
+
+
 def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
-           elastic: bool) -> tf.Tensor:
+           gated: "tf.Variable | None") -> tf.Tensor:
   """The claim's graph (inside the lock): the new state from the old, one assign, the answer."""
   u, old = layout.units, state.read_value()
   epoch = feeds["epoch"]
@@ -208,6 +252,7 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
   written["examples"] = _put(parts["examples"], feeds["finished"], feeds["finished_examples"],
                              finished)
   written["claims"] = _put(parts["claims"], worker, feeds["seq"] + 1, new)
+  elastic = gated is not None
   if elastic:  # None left, one in flight: claim again (it may come back) instead of ending.
     handed = tf.range(u, dtype=tf.int64) < written["next"]
     in_flight = tf.gather(written["batches"], written["order"]) < 0
@@ -225,29 +270,37 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
   if elastic:
     done = tf.reduce_sum(tf.cast(written["batches"] >= 0, tf.int64))
     second = tf.where(tf.equal(answer, WAIT), done * (u + 1) + written["next"], second)
-  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
+  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0))]
+  if elastic:  # The gate counts on from the worker's epoch batch count at its claim.
+    counted = tf.logical_and(new, tf.logical_not(fenced))
+    writes.append(gated.scatter_nd_update([[worker]], tf.reshape(tf.where(
+        counted, epoch * graph_keys.EPOCH_SHIFT + feeds["at_batch"], gated[worker]), [1])))
+  with tf.control_dependencies(writes):
     return tf.stack([tf.identity(answer), second])
 
 
-def _reclaim_ops(lock: tf.CriticalSection, state, layout: Layout) -> ReclaimOps:
-  feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name)
-           for name in ("epoch", "worker", "held")}
-  result = _execute_unrecorded(lock, functools.partial(_reclaim, state, feeds, layout))
+def _reclaim_ops(lock: tf.CriticalSection, state, gated, layout: Layout) -> ReclaimOps:
+  feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name) for name in ("epoch", "worker")}
+  result = _execute_unrecorded(lock, functools.partial(_reclaim, state, gated, feeds, layout))
   return ReclaimOps(result=result, **feeds)
 
 
-def _reclaim(state, feeds, layout: Layout) -> tf.Tensor:
+def _reclaim(state, gated, feeds, layout: Layout) -> tf.Tensor:
   """The reclaim's graph (inside the lock): fence the worker; its unit in flight, if any, goes
-  to position next - 1 (the head of what is left) with next one less, its skip the batches the
-  model holds. Run twice, the second finds nothing in flight: it changes nothing more."""
+  to position next - 1 (the head of what is left) with next one less, its skip the batches of
+  it that passed the worker's gate. Run twice, the second finds nothing in flight: it changes
+  nothing more."""
   parts = layout.parts(state.read_value())
   worker, position = feeds["worker"], parts["next"]
+  count = gated[worker]
+  held = tf.where(tf.equal(count // graph_keys.EPOCH_SHIFT, feeds["epoch"]),
+                  count % graph_keys.EPOCH_SHIFT, tf.constant(0, tf.int64))
   unit = parts["last"][worker]
   safe = tf.maximum(unit, 0)
   back = tf.logical_and(tf.logical_and(unit >= 0, tf.equal(parts["epoch"], feeds["epoch"])),
                         tf.logical_and(tf.equal(tf.gather(parts["owner"], safe), worker),
                                        tf.gather(parts["batches"], safe) < 0))
-  skip = tf.maximum(feeds["held"] - tf.gather(parts["first_batch"], safe), 0)
+  skip = tf.maximum(held - tf.gather(parts["first_batch"], safe), 0)
   at = tf.argmax(tf.cast(tf.equal(parts["order"], unit), tf.int64), output_type=tf.int64)
   head = tf.maximum(position - 1, 0)
   swapped = tf.tensor_scatter_nd_update(parts["order"], tf.reshape(tf.stack([head, at]), [2, 1]),
@@ -266,4 +319,5 @@ def _reclaim(state, feeds, layout: Layout) -> tf.Tensor:
   old_skip = tf.gather(parts["skip"], safe)
   none = tf.constant(-1, tf.int64), tf.constant(0, tf.int64), tf.constant(0, tf.int64)
   with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
-    return tf.stack([tf.where(back, a, b) for a, b in zip((unit, skip, old_skip), none)])
+    return tf.stack([tf.where(back, a, b) for a, b in zip((unit, skip, old_skip), none)] +
+                    [held])

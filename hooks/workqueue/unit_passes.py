@@ -17,6 +17,7 @@ from hooks import log as logging
 from hooks.errors import ConfigError
 from hooks.data.passes import PassEnd, PassSource, PassStart
 from hooks.workqueue.claims import Claim, UnitClaims
+from hooks.workqueue import queue_graph
 from hooks.workqueue.queue_graph import ANY, NONE
 from hooks.workqueue.replay import UnitReplay
 from hooks.workqueue.units import WorkUnit
@@ -42,6 +43,11 @@ class UnitPasses(PassSource):
     # (Elastic, the chief) epoch -> {unit: (lost worker id, its batches of the unit in the
     # model)}: units taken back from lost workers (hooks.elastic), for the audit.
     self.taken_back: Dict[int, Dict[int, Tuple[int, int]]] = {}
+
+  def batch_gate(self, after: tf.Operation) -> Optional[tf.Operation]:
+    """(Elastic) The queue's gate that each step's batch passes (hooks.workqueue.queue_graph)."""
+    ops = self.claims.ops
+    return None if ops.gated is None else queue_graph.gate(ops, self.claims.worker_id, after)
 
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     self.trained.setdefault(epoch, [])
