@@ -10,7 +10,9 @@ queue costs per step, its claims and unit changes included (a claim's gRPC round
 bench.claim_cost measures it). Two or more unit sizes split that cost into a part per step
 and a part per unit (a least-squares fit of extra = per_step + per_unit / K); with
 --step_cpu_ms (a training step's CPU, e.g. bench.step_overhead's) it prints the ratio a step
-of that cost would have at each unit size.
+of that cost would have at each unit size. `elastic_queue@K` is `work_queue@K` with
+--epochsync_elastic: beside it, what the elastic gate costs per step (one run of the queue's
+critical section per batch; in a cluster that run is on ps:0, inside the step's own RPC).
 
 Typical usage:
   python -m bench.input_overhead                       # 3 alternations of 2000 steps each
@@ -18,6 +20,7 @@ Typical usage:
   python -m bench.input_overhead --steps=5000 --repetitions=5
   python -m bench.input_overhead --variants=epoch_input,work_queue@50,work_queue@1000 \
       --step_cpu_ms=26.22
+  python -m bench.input_overhead --variants=epoch_input,work_queue@100,elastic_queue@100
 """
 
 import json
@@ -31,6 +34,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from hooks.config.settings import EpochSyncSettings
 from hooks.data.epoch_input import EpochInput
 from hooks.workqueue import WorkUnit, work_queue_input
 
@@ -41,7 +45,9 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 _SPARSE_BATCH = flags.DEFINE_integer("sparse_batch", 256, "Examples per sparse batch.",
                                      lower_bound=1)
 _SPARSE_IDS = flags.DEFINE_integer("sparse_ids", 30, "Ids per example.", lower_bound=1)
-_ALL_VARIANTS = ("plain", "epoch_input", "plain_sparse", "epoch_input_sparse", "work_queue@K")
+_ALL_VARIANTS = ("plain", "epoch_input", "plain_sparse", "epoch_input_sparse", "work_queue@K",
+                 "elastic_queue@K")
+_QUEUES = ("work_queue@", "elastic_queue@")
 _VARIANTS = flags.DEFINE_list("variants", list(_ALL_VARIANTS[:4]),
                               f"Run alternately, in this order; any of {', '.join(_ALL_VARIANTS)} "
                               "(K: batches per unit).")
@@ -66,8 +72,9 @@ def _one_run(variant: str) -> tuple:
     hooks = []
     if variant.startswith("plain"):
       x = _v1.data.make_one_shot_iterator(dataset).get_next()
-    elif variant.startswith("work_queue@"):
-      epoch_input = _work_queue_input(batches, _unit_batches(variant))
+    elif variant.startswith(_QUEUES):
+      epoch_input = _work_queue_input(batches, _unit_batches(variant),
+                                      variant.startswith("elastic"))
       x, hooks = epoch_input.get_next(), [epoch_input.hook]
     else:
       epoch_input = EpochInput(dataset, num_epochs=1)
@@ -90,7 +97,7 @@ def _unit_batches(variant: str) -> int:
   return int(variant.split("@", 1)[1])
 
 
-def _work_queue_input(batches: int, unit_batches: int) -> EpochInput:
+def _work_queue_input(batches: int, unit_batches: int, elastic: bool) -> EpochInput:
   """The run's dense rows, in units of `unit_batches` batches (the last may hold fewer)."""
   size = unit_batches * 8
   total = batches * 8
@@ -100,7 +107,8 @@ def _work_queue_input(batches: int, unit_batches: int) -> EpochInput:
   def unit_fn(unit):  # the unit's rows sliced out, as docs/workqueue.md advises
     return tf.data.Dataset.from_tensor_slices(rows[unit.start:unit.start + unit.count]).batch(8)
   return work_queue_input(units, unit_fn, num_epochs=1, num_workers=1, worker_id=0,
-                          task_name="worker:0", ps_device="")
+                          task_name="worker:0", ps_device="",
+                          settings=EpochSyncSettings(elastic=elastic, sync=not elastic))
 
 
 def _sparse_dataset(batches: int) -> tf.data.Dataset:
@@ -115,7 +123,7 @@ def main(argv):
   del argv
   _v1.disable_eager_execution()
   unknown = [v for v in _VARIANTS.value if v not in _ALL_VARIANTS[:4] and not (
-      v.startswith("work_queue@") and v.split("@", 1)[1].isdigit() and _unit_batches(v) > 0)]
+      v.startswith(_QUEUES) and v.split("@", 1)[1].isdigit() and _unit_batches(v) > 0)]
   if unknown:
     raise app.UsageError(f"unknown --variants {sorted(unknown)}; choose from {_ALL_VARIANTS}")
   results = {v: [] for v in _VARIANTS.value}
@@ -126,10 +134,13 @@ def main(argv):
       results[variant].append((wall, cpu))
       print(f"rep={rep} {variant:12s} wall {wall * 1e6:7.1f} us/step  CPU {cpu * 1e6:7.1f} us/step")
   queues = [v for v in results if v.startswith("work_queue@")]
-  if queues and "epoch_input" not in results:
-    raise app.UsageError("work_queue@K is measured against epoch_input: add it to --variants")
+  gates = [(v, "work_queue@" + v.split("@", 1)[1]) for v in results if v.startswith("elastic")]
+  if (queues and "epoch_input" not in results) or any(q not in results for _, q in gates):
+    raise app.UsageError("work_queue@K is measured against epoch_input, elastic_queue@K against "
+                         "work_queue@K: add it to --variants")
   extras = {}
-  for kind, plain, ours in _PAIRS + tuple((v, "epoch_input", v) for v in queues):
+  for kind, plain, ours in (_PAIRS + tuple((v, "epoch_input", v) for v in queues) +
+                            tuple((v, q, v) for v, q in gates)):
     if plain not in results or ours not in results:
       continue
     extra = [c - p for (_, c), (_, p) in zip(results[ours], results[plain])]
@@ -148,7 +159,8 @@ def main(argv):
                  "sparse_batch": [_SPARSE_BATCH.value, _SPARSE_IDS.value],
                  "extra_cpu_secs_paired": extras.get("dense"),
                  "extra_cpu_secs_paired_sparse": extras.get("sparse"),
-                 "extra_cpu_secs_paired_work_queue": {v: extras[v] for v in queues}},
+                 "extra_cpu_secs_paired_work_queue": {v: extras[v] for v in queues},
+                 "extra_cpu_secs_paired_elastic_gate": {v: extras[v] for v, _ in gates}},
                 f, indent=1)
     print(f"wrote {_OUTPUT.value}")
 

@@ -76,6 +76,24 @@ class TestLivenessMonitor:
     cluster.answers["h0:1"] = Probe("busy", None, "DEADLINE_EXCEEDED")
     assert monitor.dead(["chief:0"]) == []
 
+  def test_a_task_silent_for_stalled_after_secs_is_lost_and_an_answer_resets_it(self):
+    cluster = FakeCluster()
+    monitor = cluster.monitor()
+    monitor.probe(["chief:0"])
+    cluster.answers["h0:1"] = Probe("busy", None, "DEADLINE_EXCEEDED")  # SIGSTOPped
+    assert monitor.dead(["chief:0"], stalled_after_secs=6) == []  # silent from now
+    cluster.now = 5.9
+    assert monitor.dead(["chief:0"], stalled_after_secs=6) == []
+    cluster.answers["h0:1"] = Probe("up", 100)  # it answered once: the silence starts again
+    assert monitor.dead(["chief:0"], stalled_after_secs=6) == []
+    cluster.answers["h0:1"] = Probe("busy", None, "DEADLINE_EXCEEDED")
+    assert monitor.dead(["chief:0"], stalled_after_secs=6) == []
+    cluster.now = 12.0
+    assert monitor.dead(["chief:0"]) == []  # without stalled_after_secs: busy is not dead
+    assert monitor.dead(["chief:0"], stalled_after_secs=6) == [
+        ("chief:0", "it has answered no probe for 6 s: the process is frozen (SIGSTOP, a long "
+                    "pause) or cut off from this task")]
+
   def test_check_probes_at_most_once_per_period(self):
     cluster = FakeCluster()
     monitor = cluster.monitor(period_secs=1.0)

@@ -3,6 +3,7 @@ process; a slow step whose part on this task started does not."""
 
 import threading
 import time
+import types
 
 import pytest
 import tensorflow as tf
@@ -10,6 +11,7 @@ import tensorflow as tf
 from hooks.config.cluster import ClusterConfig
 from hooks.config.settings import EpochSyncSettings
 from hooks.faults.step_watch import StepWatch
+from hooks.faults import stuck_step
 from hooks.faults.stuck_step import StuckStepWatchdog
 from hooks.session import wiring
 
@@ -159,3 +161,23 @@ def test_the_step_runner_benchmark_measures_both_ways():
     assert row["direct_wall_us"] > 0 and row["runner_wall_us"] > 0
   assert set(result["summary"]) == {"direct_wall_us", "runner_wall_us", "extra_wall_us",
                                     "extra_cpu_us"}
+
+
+def test_a_process_frozen_inside_a_step_restarts_its_clock_instead_of_ending(caplog, monkeypatch):
+  """SIGSTOP for longer than the timeout, seen as a jump of the clock between two polls: that
+  time is not the step's (an elastic worker's next step then meets its fence)."""
+  jump = [0.0]
+  clock = lambda: time.monotonic() + jump[0]
+  monkeypatch.setattr(stuck_step, "time", types.SimpleNamespace(monotonic=clock))
+  exits = []
+  watchdog = StuckStepWatchdog("worker:1", StepWatch(3.0, 2.5, 0.1, clock=clock),
+                               lost_after_secs=1000, exit_fn=exits.append)
+  watchdog.start()
+  watchdog.before_step()
+  with watchdog.step():
+    time.sleep(0.5)
+    jump[0] = 10.0  # the whole process stood still for 10 s
+    time.sleep(1.5)
+  watchdog.stop()
+  assert exits == []
+  assert "worker:1 did not run for 10 s (frozen" in caplog.text
