@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
-from hooks.testing.local_cluster import LocalCluster
+from hooks.testing.local_cluster import LocalCluster, run_cluster
 
 pytestmark = [pytest.mark.cluster]
 
@@ -87,6 +87,16 @@ def test_a_worker_killed_inside_a_unit_is_left_behind_and_every_unit_is_trained_
   found_at = time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s)
   print(f"worker:1 found lost {found_at - killed_at:.2f} s after the kill")
   assert 0 < found_at - killed_at < 10, (killed_at, found_at)  # a probe a second
+  # Relaunching the whole job brings worker:1 back: the new run lifts the fence the checkpoint
+  # holds, and worker:1 trains units of the third epoch.
+  again = run_cluster([c.replace("num_epochs=2", "num_epochs=3") for c in command],
+                      num_workers=3, timeout_secs=120, log_dir=str(tmp_path / "logs-again"))
+  assert {n: r.returncode for n, r in again.tasks.items()} == {
+      "worker:0": 0, "worker:1": 0, "worker:2": 0}, [
+          (t.name, t.returncode, t.tail()) for t in again.tasks.values()]
+  third = read_audit(model_dir)[-1]
+  assert third["epoch"] == 2 and "lost_workers" not in third, third
+  assert any(u["worker"] == "worker:1" for u in third["units"]), third["units"]
 
 
 def _wait_for(path: str, pattern: str, deadline: float) -> None:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from hooks import graph_keys
 from hooks.errors import FENCED_MARK, WorkerFencedError
 from hooks.workqueue import queue_graph
 from hooks.workqueue.claims import UnitClaims
@@ -127,3 +128,15 @@ def test_a_fenced_workers_step_fails_at_the_gate_and_counts_nothing():
     queue.pass_gate(worker=1)  # it woke up after the chief took its unit back: refused
   assert int(queue.session.run(queue.ops.gated)[1]) == 2
   queue.pass_gate(worker=0)  # another worker's gate is open
+
+
+def test_a_new_run_lifts_the_fences_an_earlier_run_left_in_the_state():
+  """A relaunched job restores the queue with its fences from the checkpoint; the chief's reset
+  at the run's start (graph_keys.RESET_OPS) brings every worker back."""
+  queue = LocalQueue(units=2, workers=2, elastic=True)
+  queue.claim(0, worker=1, seq=0)
+  queue.reclaim(0, worker=1)
+  assert int(queue.state()["claims"][1]) <= queue_graph.FENCE_MARK
+  queue.session.run(queue.graph.get_collection(graph_keys.RESET_OPS))
+  assert int(queue.state()["claims"][1]) == 0
+  assert queue.claim(1, worker=1, seq=0) >= 0  # the next epoch hands it a unit

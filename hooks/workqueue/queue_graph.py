@@ -135,6 +135,10 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     new_vector = _v1.placeholder(tf.int64, [layout.size], "new_state")
     assign = _execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
     reclaim = _reclaim_ops(lock, state, gated, layout) if elastic else None
+    # A new run (a relaunched job) brings every worker back: the chief's reset at the run's
+    # start lifts the fences an earlier run left in the state (restored from a checkpoint).
+    _v1.add_to_collection(graph_keys.RESET_OPS, _execute_unrecorded(
+        lock, functools.partial(_lift_fences, state, layout)))
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
                   new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
                   lock=lock if elastic else None, gated=gated, state_variable=state, **feeds)
@@ -167,6 +171,15 @@ def gate(ops: QueueOps, worker_id: int, after: tf.Operation) -> tf.Operation:
 
 def _assign(state, vector) -> tf.Tensor:
   with tf.control_dependencies([state.assign(vector)]):
+    return tf.constant(0, tf.int64)
+
+
+def _lift_fences(state, layout: Layout) -> tf.Tensor:
+  parts = layout.parts(state.read_value())
+  parts["claims"] = tf.where(parts["claims"] <= FENCE_MARK, tf.zeros_like(parts["claims"]),
+                             parts["claims"])
+  header, fields = layout.join(parts)
+  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
     return tf.constant(0, tf.int64)
 
 
