@@ -57,6 +57,17 @@ class LocalQueue:
     return tuple(int(x) for x in self.session.run(ops.result, {ops.epoch: epoch,
                                                                ops.worker: worker}))
 
+  def join(self, epoch, worker, token=7):
+    """A relaunched `worker`'s join at `epoch` (elastic): JOINED, NOT_FENCED or CLOSED."""
+    ops = self.ops.membership
+    return int(self.session.run(ops.join, {ops.epoch: epoch, ops.worker: worker,
+                                           ops.token: token}))
+
+  def still_lost(self, epoch, worker):
+    """The chief's check at `epoch`'s barrier: whether it arrives for `worker`."""
+    ops = self.ops.membership
+    return bool(self.session.run(ops.still_lost, {ops.epoch: epoch, ops.worker: worker}))
+
   def pass_gate(self, worker, times=1):
     """`times` steps of `worker` pass the gate (elastic; a fenced one: InvalidArgumentError)."""
     if worker not in self._gates:

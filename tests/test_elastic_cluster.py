@@ -142,3 +142,46 @@ def test_a_frozen_worker_is_fenced_and_when_it_wakes_it_trains_nothing_twice(tmp
   lost = {u["index"]: u for u in audit[0]["units"]}[unit]
   assert lost["taken_back"]["worker"] == "worker:1", lost
   print(f"worker:1 found lost {found_after:.1f} s after it froze (threshold 6 s)")
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_worker_relaunched_rejoins_the_running_job_and_every_unit_is_trained_once(
+    tmp_path):
+  """worker:1 is SIGKILLed inside a unit of epoch 0 and relaunched at once (as Kubernetes'
+  OnFailure does): the new process rejoins at an epoch whose barrier the chief has not arrived
+  at for it, trains units there and exits 0 with the others."""
+  model_dir, logs = str(tmp_path / "model"), str(tmp_path / "logs")
+  epochs = 6
+  command = TASK + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
+                    f"--epochsync_num_epochs={epochs}", "--epochsync_sync=false",
+                    "--epochsync_elastic", "--step_sleep_secs=0.2",
+                    "--epochsync_save_checkpoint_secs=0"]
+  with LocalCluster(num_workers=3, timeout_secs=200, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(command, per_task_args={"worker:1": ["--slowdown=2"]})
+    unit, _ = _kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"),
+                                  time.monotonic() + 90)
+    while cluster.results()["worker:1"].returncode is None:  # the killed process is reaped
+      time.sleep(0.05)
+    cluster.restart_task("worker:1")
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert codes == {"worker:0": 0, "worker:1": 0, "worker:2": 0}, [
+      (t.name, t.returncode, t.tail()) for t in result.tasks.values()]
+  relaunched = open(os.path.join(logs, "worker-1.log")).read()
+  assert "worker:1 rejoined the running job" in relaunched, relaunched[-3000:]
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == list(range(epochs))
+  assert audit[0]["lost_workers"] == ["worker:1"]
+  for line in audit:  # every unit once, whole, in every epoch, whoever trained it
+    units = line["units"]
+    assert sorted(u["index"] for u in units) == list(range(len(UNITS))), units
+    for u in units:
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
+  back = [line["epoch"] for line in audit if "lost_workers" not in line]
+  assert back and back == list(range(back[0], epochs)), audit  # a member again, to the end
+  assert all(any(u["worker"] == "worker:1" for u in line["units"])
+             for line in audit[back[0]:]), [line["units"] for line in audit]
+  step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
+  assert epochs * sum(UNITS) - 1 <= step <= epochs * sum(UNITS), step
+  print(f"worker:1 lost in epoch 0, a member again from epoch {back[0]} of {epochs}")

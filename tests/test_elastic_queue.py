@@ -140,3 +140,31 @@ def test_a_new_run_lifts_the_fences_an_earlier_run_left_in_the_state():
   queue.session.run(queue.graph.get_collection(graph_keys.RESET_OPS))
   assert int(queue.state()["claims"][1]) == 0
   assert queue.claim(1, worker=1, seq=0) >= 0  # the next epoch hands it a unit
+
+
+def test_a_relaunched_worker_joins_at_the_first_epoch_whose_barrier_the_chief_left_to_it():
+  queue = LocalQueue(units=4, workers=3, elastic=True)
+  JOINED, NOT_FENCED, CLOSED = queue_graph.JOINED, queue_graph.NOT_FENCED, queue_graph.CLOSED
+  queue.claim(0, worker=1, seq=0)
+  assert queue.join(0, worker=1) == NOT_FENCED  # the chief has not found the old process lost
+  queue.reclaim(0, worker=1)  # lost in epoch 0: the chief arrives for it there
+  assert queue.join(0, worker=1) == CLOSED
+  assert queue.still_lost(0, worker=1)  # epoch 0's gather: the chief arrives for it
+  assert queue.join(1, worker=1) == JOINED  # epoch 1 is its own
+  assert queue.join(1, worker=1) == JOINED  # run again (its answer lost): the same answer
+  assert queue.join(1, worker=1, token=8) == NOT_FENCED  # another process: nothing to join
+  assert not queue.still_lost(1, worker=1)  # epoch 1's gather: it arrives itself
+  unit = queue.claim(1, worker=1, seq=0, at=0)
+  assert unit >= 0
+  queue.pass_gate(worker=1, times=2)
+  assert queue.reclaim_result(1, worker=1) == (unit, 2, 0, 2)  # lost again: 2 batches held
+  assert queue.still_lost(2, worker=1) and queue.join(2, worker=1) == CLOSED
+
+
+def test_an_epoch_whose_gather_found_the_worker_still_fenced_is_closed_to_its_join():
+  queue = LocalQueue(units=4, workers=3, elastic=True)
+  queue.claim(0, worker=1, seq=0)
+  queue.reclaim(0, worker=1)
+  assert queue.still_lost(1, worker=1)  # epoch 1's gather came first: the chief arrives
+  assert queue.join(1, worker=1) == queue_graph.CLOSED
+  assert queue.join(2, worker=1) == queue_graph.JOINED

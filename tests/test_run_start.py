@@ -16,7 +16,7 @@ from tf_unit import LOCAL, graph, v1  # noqa: F401  (graph: a fresh graph per te
 
 
 def test_exports():
-  assert run_start.__all__ == ["RunStartHook", "check_started"]
+  assert run_start.__all__ == ["RunStartHook", "check_started", "rejoined_run"]
 
 
 class _Probes:

@@ -10,7 +10,10 @@ worker whose server is gone or restarted is lost, and so is one that answered no
      worker's gate (each step's batch passes it, in the same critical section, before it
      reaches the model); the next claim, by any worker, resumes the unit there. Run twice, the
      second run changes nothing;
-  2. arrives for it at every barrier from now on (EpochBarrierHook.lose);
+  2. arrives for it at every barrier from now on (EpochBarrierHook.lose) until it rejoins: a
+     relaunched process with its task index joins at an epoch whose barrier the chief has not
+     arrived at for it (hooks.epoch.run_start; the queue's MembershipOps decide, inside its
+     lock); the chief then probes the new process as it did the old;
   3. records the unit's part the lost worker trained, for the audit line (UnitPasses.taken_back).
 A WARNING names the worker, why it is lost, its unit and what the model holds of it.
 
@@ -29,6 +32,7 @@ from hooks import log as logging
 from hooks.faults import step_retry
 from hooks.faults.liveness import PERIOD_SECS, LivenessMonitor
 from hooks.faults.waiting import run_options
+from hooks.workqueue.queue_graph import FENCE_MARK
 from hooks.workqueue.unit_passes import UnitPasses
 
 __all__ = ["LostWorkerWatch"]
@@ -57,12 +61,14 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     self._names, self._period = list(worker_names), period_secs
     self._stalled_after = stalled_after_secs
     self._lost: set = set()
+    self._rejoined: set = set()  # probed as known up: a rejoined process that is down is lost
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
 
   def begin(self):
     ops = self._queue.claims.ops
     self._reclaim, self._read_epoch = ops.reclaim, ops.state["epoch"]
+    self._membership, self._read_claims = ops.membership, ops.state["claims"]
 
   def after_create_session(self, session, coord):
     self._stop.clear()
@@ -78,28 +84,54 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
   def _watch(self, session, coord) -> None:
     """Probes every period until end(); a failed reclaim stops the session with its error."""
     while not self._stop.wait(self._period):  # Bounded by end() (and the process's exit).
-      names = [n for n in self._names[1:] if n not in self._lost]
-      for name, why in self._monitor.dead(names, stalled_after_secs=self._stalled_after):
-        try:
-          self._lose(session, self._names.index(name), why)
-        except Exception as e:  # pylint: disable=broad-except
-          logging.error("%s could not take back lost %s's unit: %s", self._names[0], name, e)
-          coord.request_stop(e)
-          return
+      try:
+        self._watch_once(session)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.error("%s could not take back a lost worker's unit: %s", self._names[0], e)
+        coord.request_stop(e)
+        return
+
+  def _watch_once(self, session) -> None:
+    if self._lost:
+      self._rearm_rejoined(session)
+    names = [n for n in self._names[1:] if n not in self._lost]
+    known_up = [n for n in names if n in self._rejoined]
+    for name, why in self._monitor.dead(names, known_up, stalled_after_secs=self._stalled_after):
+      self._lose(session, self._names.index(name), why)
+
+  def _rearm_rejoined(self, session) -> None:
+    """Lost workers whose fence a relaunched process lifted (it joined): probed again."""
+    claims = self._run(session, self._read_claims, None, "the read of the queue")
+    for name in sorted(self._lost):
+      if claims[self._names.index(name)] > FENCE_MARK:
+        self._monitor.forget(name)
+        self._lost.discard(name)
+        self._rejoined.add(name)
+        logging.info("%s: %s rejoined the job (a relaunched process); watching it again",
+                     self._names[0], name)
+
+  def _run(self, session, fetches, feeds, what: str):
+    return step_retry.run_rerunnable(
+        lambda: session.run(fetches, feeds, options=run_options(_RUN_TIMEOUT_SECS)),
+        what, self._names[0])
+
+  def _still_lost(self, session, worker_id: int, epoch: int) -> bool:
+    ops = self._membership
+    return bool(self._run(session, ops.still_lost, {ops.epoch: epoch, ops.worker: worker_id},
+                          "the check of a lost worker"))
 
   def _lose(self, session, worker_id: int, why: str) -> None:
     name = self._names[worker_id]
     self._lost.add(name)
-    run = lambda fetches, feeds=None: step_retry.run_rerunnable(
-        lambda: session.run(fetches, feeds, options=run_options(_RUN_TIMEOUT_SECS)),
-        f"the reclaim of {name}'s unit", self._names[0])
-    epoch = int(run(self._read_epoch))
+    self._rejoined.discard(name)
+    what = f"the reclaim of {name}'s unit"
+    epoch = int(self._run(session, self._read_epoch, None, what))
     ops = self._reclaim
-    unit, skip, old_skip, held = (int(x) for x in run(ops.result, {ops.epoch: epoch,
-                                                                   ops.worker: worker_id}))
+    unit, skip, old_skip, held = (int(x) for x in self._run(
+        session, ops.result, {ops.epoch: epoch, ops.worker: worker_id}, what))
     if unit >= 0:
       self._queue.taken_back.setdefault(epoch, {})[unit] = (worker_id, skip - old_skip)
-    self._barrier.lose(session, worker_id, epoch, held)
+    self._barrier.lose(session, worker_id, epoch, held, self._still_lost)
     left = len(self._names) - 1 - len(self._lost)
     what = (f"its unit {unit} ({self._queue.units[unit]}) goes back to the queue after the "
             f"{skip} batches of it the model holds" if unit >= 0 else "it held no unit")

@@ -27,6 +27,7 @@ import tensorflow as tf
 from hooks.epoch import arrivals as arrivals_lib
 from hooks.epoch import audit as audit_lib
 from hooks.epoch import barrier_graph
+from hooks.epoch import run_start
 from hooks import log as logging
 from hooks.config.cluster import worker_problems
 from hooks.epoch.barrier_wait import BarrierWaiter, Wait, timing_problems
@@ -116,10 +117,12 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     """Runs `action` on the chief after all workers arrived at an epoch's end, before release."""
     self._chief_actions.append(action)
 
-  def lose(self, session, worker_id: int, epoch: int, batches: int) -> None:
+  def lose(self, session, worker_id: int, epoch: int, batches: int,
+           still_lost: Optional[Callable[[object, int, int], bool]] = None) -> None:
     """(Elastic, the chief.) Worker `worker_id` is lost in `epoch` with `batches` of it in the
-    model: from now on the chief arrives for it at every barrier (hooks.epoch.stand_ins)."""
-    self.stand_ins.lose(session, worker_id, epoch, batches)
+    model: from now on the chief arrives for it at every barrier while `still_lost(session,
+    worker_id, epoch)` (hooks.epoch.stand_ins)."""
+    self.stand_ins.lose(session, worker_id, epoch, batches, still_lost)
 
   def _run_stand_in(self, session, worker_id: int, batches: int, seq: int) -> bool:
     return bool(_run(session, self._stand_in, {self._stand_in_worker: worker_id,
@@ -144,6 +147,10 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     return int(session.run(self._completed, options=run_options(_RPC_TIMEOUT_SECS)))
 
   def session_created(self, session, start_epoch: int) -> None:
+    if run_start.rejoined_run():  # (elastic) The job runs already: it gathers no start.
+      logging.info("%s rejoined the running job at epoch %d: no start barrier", self.task_name,
+                   start_epoch)
+      return
     stats = EpochStats(start_epoch, 0, 0, time.time(), time.time())
     self._sync(session, "start", 2 * start_epoch, stats, self._startup_timeout_secs)
 
@@ -243,16 +250,13 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def _arrive_and_wait_for_release(self, session, wait: Wait, stats: EpochStats) -> None:
     """A worker: one run enqueues its arrival (never blocks) and dequeues its release."""
-    # The chief aborts at its own deadline at the latest; its abort needs a moment to arrive.
-    call = BackgroundRun(session, self._arrive_and_wait,
-                         wait.deadline + self._waiter.abort_grace_secs,
-                         feed_dict={self._seq: wait.seq,
-                                    self._stats: [stats.batches, stats.examples],
-                                    self._times: [stats.started_at, stats.ended_at]},
-                         name=f"epochsync-barrier-{wait.barrier}", run_timeout_secs=MAX_WAIT_SECS)
-    if not self._wait(session, call, wait):
-      self._waiter.fail(wait, self._missing(session, wait.seq))
-    got = _result(call, wait, self._liveness, self.task_name)
+    got = self._released(session, wait, self._arrive_and_wait, {
+        self._seq: wait.seq, self._stats: [stats.batches, stats.examples],
+        self._times: [stats.started_at, stats.ended_at]})
+    while 0 <= got < wait.seq:  # Bounded: the releases queued before this arrival.
+      logging.info("%s: passes over the release of barrier %d, which the chief arrived at for "
+                   "this worker while it was lost", self.task_name, got)
+      got = self._released(session, wait, self._next_release, None)
     if got == wait.seq:
       return
     if got == _ABORT:
@@ -260,6 +264,16 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
         self._liveness.raise_if_any_died(wait.where)
       self._waiter.fail(wait, self._missing(session, wait.seq), "the chief gave up: ")
     raise arrivals_lib.bad_release(got, wait, self.task_name, self.worker_names[0])
+
+  def _released(self, session, wait: Wait, fetch, feed_dict) -> int:
+    """The release value `fetch` dequeues, waited for up to the barrier's deadline."""
+    # The chief aborts at its own deadline at the latest; its abort needs a moment to arrive.
+    call = BackgroundRun(session, fetch, wait.deadline + self._waiter.abort_grace_secs,
+                         feed_dict=feed_dict, name=f"epochsync-barrier-{wait.barrier}",
+                         run_timeout_secs=MAX_WAIT_SECS)
+    if not self._wait(session, call, wait):
+      self._waiter.fail(wait, self._missing(session, wait.seq))
+    return _result(call, wait, self._liveness, self.task_name)
 
   def _wait(self, session, call: BackgroundRun, wait: Wait) -> bool:
     return self._waiter.wait(session, call, wait, self._arrived, lambda: self._abort(session))

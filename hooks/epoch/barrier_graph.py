@@ -38,6 +38,7 @@ class BarrierOps:
   release_value: tf.Tensor
   mark_arrived: Any
   arrive_and_wait: tf.Tensor  # A worker: arrive, then the release value.
+  next_release: tf.Tensor  # A worker: its next release value (past a stale one, elastic).
   gather: Tuple            # The chief: (arrivals, stored completed epochs).
   release: Tuple           # The chief: (release, global_step at the release).
   gather_and_release: Tuple  # The chief, without actions: both in one run on the ps.
@@ -76,6 +77,9 @@ def build(n: int, worker_id: int, num_epochs: int, ps_device: str) -> BarrierOps
         mark_arrived)
     with tf.control_dependencies([arrive]):  # The enqueue never blocks; then the dequeue.
       arrive_and_wait = tf.identity(release_qs[worker_id].dequeue())
+    # A rejoined worker's queue still holds the releases of the barriers the chief arrived at
+    # for it (elastic): its first own arrival takes those first.
+    next_release = release_qs[worker_id].dequeue(name="next_release")
     # The chief: one run marks it arrived, takes the n-1 arrivals and then (at an epoch's
     # end) stores the completed epoch, so that the chief actions' checkpoint holds it.
     new_completed = _v1.placeholder(tf.int64, [], "completed")
@@ -106,7 +110,7 @@ def build(n: int, worker_id: int, num_epochs: int, ps_device: str) -> BarrierOps
     stand_in = _stand_in(arrive_q, arrived, stand_in_worker, stand_in_batches, seq, n,
                          num_epochs)
   return BarrierOps(completed, arrived, seq, stats, times, new_completed, zero, release_value,
-                    mark_arrived, arrive_and_wait, gather, release, gather_and_release,
+                    mark_arrived, arrive_and_wait, next_release, gather, release, gather_and_release,
                     stand_in_worker, stand_in_batches, stand_in)
 
 

@@ -12,7 +12,9 @@ A run's workers are fixed at its start: each worker writes its own incarnation i
 another incarnation is a restarted process (Kubernetes' OnFailure restarts a killed pod at
 once) that would otherwise join the running epoch unnoticed and train its shard a second time;
 it waits instead, without touching the run, until the chief (which names the restart at its
-next wait) ends that run, and then exits so that it is relaunched into the next one.
+next wait) ends that run, and then exits so that it is relaunched into the next one. In an
+elastic job (hooks.elastic) the run goes on without the earlier process, and the restarted one
+rejoins it instead (`rejoin`), at an epoch's start, without the start barrier.
 
 Typical usage (epoch_sync_hooks() puts it first):
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor_for(config))
@@ -22,7 +24,7 @@ Typical usage (epoch_sync_hooks() puts it first):
 import random
 import time
 import weakref
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import tensorflow as tf
 
@@ -33,7 +35,7 @@ from hooks.faults import heartbeat
 from hooks.faults.liveness import LivenessMonitor
 from hooks.faults.waiting import run_options
 
-__all__ = ["RunStartHook", "check_started"]
+__all__ = ["RunStartHook", "check_started", "rejoined_run"]
 
 _v1 = tf.compat.v1
 _POLL_SECS = 0.1
@@ -65,21 +67,27 @@ class RunStartHook(_v1.train.SessionRunHook):
     worker_id: `int`, this task's index among the chief and workers (0 is the chief); with
       `num_workers`, a restarted worker cannot join its earlier incarnation's run.
     num_workers: `int`, the number of chief and worker tasks.
+    rejoin: (elastic) `(session) -> None` once this restarted worker joined the running job,
+      or why not yet (it is tried again every 0.1 s while the chief makes progress).
   """
 
   def __init__(self, is_chief: bool, chief_name: str, liveness: LivenessMonitor,
                task_name: str = "this task", startup_timeout_secs: float = 600.0,
                ps_device: str = "/job:ps/task:0", worker_id: Optional[int] = None,
-               num_workers: Optional[int] = None):
+               num_workers: Optional[int] = None,
+               rejoin: Optional[Callable[[Any], Optional[str]]] = None):
     self._is_chief, self._chief = bool(is_chief), chief_name
     self._liveness, self._task = liveness, task_name
     self._timeout, self._ps_device = startup_timeout_secs, ps_device
     self._worker_id, self._num_workers = worker_id, num_workers
+    self._rejoin = rejoin
 
   def begin(self) -> None:
     self.started = False  # set once after_create_session has cleaned up (or waited)
     self._join = None  # a worker's (earlier incarnation, write) into its roster slot
     self._refused = False  # an earlier process of this task joined the current run
+    self._rejoining = False  # (elastic) refused, it joins the running job instead
+    self.rejoined = False  # (elastic) it joined the running job: no start barrier
     _HOOKS.setdefault(_v1.get_default_graph(), []).append(self)
     with _v1.device(self._ps_device), tf.name_scope("epochsync_run_start"):
       # In no collection: not saved, not restored and not initialised by init_op, so that it
@@ -157,7 +165,10 @@ class RunStartHook(_v1.train.SessionRunHook):
     while (watch.observe([0]) if watch else time.monotonic() - start) < self._timeout:
       seen = int(session.run(self._seen_run_id, options=run_options(_RPC_TIMEOUT_SECS)))
       seen = None if seen == -1 else seen  # a new ps: not written yet
-      if seen == incarnation and not self._refused and self._joined(session, seen):
+      if seen == incarnation and self._rejoining:
+        if self._rejoined(session):
+          return
+      elif seen == incarnation and not self._refused and self._joined(session, seen):
         return
       self._liveness.check([self._chief], "for it to start the run")
       logging.log_every_n_seconds(logging.INFO, "%s waiting for %s to start the run", 10,
@@ -191,6 +202,11 @@ class RunStartHook(_v1.train.SessionRunHook):
                              options=run_options(_RPC_TIMEOUT_SECS))
     if earlier in (0, _PROCESS_ID):
       return True
+    if self._rejoin is not None:
+      self._rejoining = True
+      logging.info("%s restarted while %s's run %x is going on: elastic, it rejoins the "
+                   "running job", self._task, self._chief, run)
+      return False
     self._refused = True  # for good: only the chief's end (a TaskDiedError) ends the wait
     logging.warning(
         "%s restarted while %s's run %x is going on (its earlier process joined that run): "
@@ -198,6 +214,23 @@ class RunStartHook(_v1.train.SessionRunHook):
         "the run (it names the restart at its next wait) and then exits, to be relaunched "
         "into the next run", self._task, self._chief, run, self._chief)
     return False
+
+
+  def _rejoined(self, session) -> bool:
+    """(Elastic) Tries to join the running job; True once it did."""
+    why = self._rejoin(session)
+    if why is None:
+      self.rejoined = True
+      logging.info("%s rejoined the running job of %s", self._task, self._chief)
+      return True
+    logging.log_every_n_seconds(logging.INFO, "%s waits to rejoin the running job: %s", 10,
+                                self._task, why)
+    return False
+
+
+def rejoined_run() -> bool:
+  """Whether this graph's worker rejoined a running job (elastic) instead of starting with it."""
+  return any(h.rejoined for h in _HOOKS.get(_v1.get_default_graph(), []))
 
 
 def check_started(what: str) -> None:

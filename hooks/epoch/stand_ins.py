@@ -5,7 +5,10 @@ run on ps:0 enqueues the worker's arrival (its batches in the model at the epoch
 examples -1: unknown) unless the worker arrived itself before it died, so the chief's gather of
 n-1 arrivals completes without it. A worker lost while the chief gathers is arrived for at
 once. Stand-ins run one at a time under a lock: the op's read of `arrived` and its enqueue are
-two ops, and only the lock keeps two stand-ins for one worker from both enqueuing.
+two ops, and only the lock keeps two stand-ins for one worker from both enqueuing. Before each
+stand-in the chief asks `still_lost` (the work queue's membership, hooks.workqueue): a worker
+that rejoined (a relaunched process) arrives itself from then on, and is no longer stood in
+for.
 
 Typical usage (EpochBarrierHook's, on the chief):
   stand_ins = StandIns(run_stand_in, worker_names, task_name="worker:0")
@@ -36,14 +39,18 @@ class StandIns:
                worker_names: Sequence[str], task_name: str):
     self._run, self._names, self._task = run_stand_in, list(worker_names), task_name
     self._lost: Dict[int, Tuple[int, int]] = {}  # worker id -> (epoch, batches in the model)
+    self._still_lost: Dict[int, Optional[Callable[[object, int, int], bool]]] = {}
     self._gathering: Optional[Wait] = None
     self._lock = threading.Lock()
 
-  def lose(self, session, worker_id: int, epoch: int, batches: int) -> None:
+  def lose(self, session, worker_id: int, epoch: int, batches: int,
+           still_lost: Optional[Callable[[object, int, int], bool]] = None) -> None:
     """Worker `worker_id` is lost in `epoch` with `batches` of it in the model: arrive for it
-    at every barrier from now on, now if one is being gathered."""
+    at every barrier from now on, now if one is being gathered, while `still_lost(session,
+    worker_id, epoch)` says so (None: always)."""
     with self._lock:
       self._lost[worker_id] = (epoch, batches)
+      self._still_lost[worker_id] = still_lost
       if self._gathering is not None:
         self._arrive_for(session, worker_id, self._gathering)
 
@@ -59,7 +66,7 @@ class StandIns:
     lost while it gathers."""
     with self._lock:
       self._gathering = wait
-      for worker_id in self._lost:
+      for worker_id in list(self._lost):
         self._arrive_for(session, worker_id, wait)
     try:
       yield
@@ -68,6 +75,12 @@ class StandIns:
         self._gathering = None
 
   def _arrive_for(self, session, worker_id: int, wait: Wait) -> None:
+    still_lost = self._still_lost[worker_id]
+    if still_lost is not None and not still_lost(session, worker_id, wait.epoch):
+      del self._lost[worker_id], self._still_lost[worker_id]
+      logging.info("%s rejoined the job: it arrives itself at %s of epoch %d",
+                   self._names[worker_id], wait.barrier, wait.epoch)
+      return
     epoch, batches = self._lost[worker_id]
     batches = batches if (epoch, wait.barrier) == (wait.epoch, "epoch_end") else 0
     if self._run(session, worker_id, batches, wait.seq):

@@ -119,6 +119,13 @@ class LivenessMonitor:
         return 0.0
       return self._clock() - self._busy_since.setdefault(name, self._clock())
 
+  def forget(self, name: str) -> None:
+    """Forgets `name`'s incarnation: its next answer is its first (elastic: a rejoined worker's
+    new process)."""
+    with self._lock:
+      self._incarnations.pop(name, None)
+      self._busy_since.pop(name, None)
+
   def never_answered(self, names: Sequence[str]) -> List[str]:
     """The tasks among `names` that no probe of this process has found up yet."""
     with self._lock:

@@ -34,7 +34,7 @@ from hooks.faults.step_watch import StepWatch
 from hooks.faults.stuck_step import LOST_AFTER_SECS, StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.config.settings import EpochSyncSettings
-from hooks.elastic import FenceCheckHook, LostWorkerWatch
+from hooks.elastic import FenceCheckHook, LostWorkerWatch, rejoin_fn
 from hooks.errors import ConfigError
 from hooks.workqueue.audit import audit_work_queue
 from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
@@ -104,10 +104,12 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     monitor.expendable = frozenset(config.worker_names[1:])
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
+  rejoin = (rejoin_fn(queue, barrier) if settings.elastic and not config.is_chief else None)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
                        startup_timeout_secs=settings.startup_timeout_secs,
-                       worker_id=config.worker_id, num_workers=config.num_workers)
+                       worker_id=config.worker_id, num_workers=config.num_workers,
+                       rejoin=rejoin)
   # TensorFlow's session creation waits for the ps tasks, and a worker's for the chief too.
   needed = [n for n in sorted(monitor.addresses) if n.startswith("ps:")]
   needed += [] if config.is_chief else [config.worker_names[0]]

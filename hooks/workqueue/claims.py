@@ -18,6 +18,7 @@ Typical usage (hooks.workqueue.passes does it):
 (skip: the unit's batches a resumed mid-epoch checkpoint already holds, 0 otherwise)
 """
 
+import random
 import time
 from typing import NamedTuple, Optional, Tuple
 
@@ -52,6 +53,7 @@ class UnitClaims:
     self._worker, self.task_name = worker_id, task_name
     self._timeout, self._attempt = timeout_secs, min(attempt_secs, timeout_secs)
     self._epoch, self._seq = None, 0
+    self._token = random.SystemRandom().getrandbits(62) + 1  # this process's joins (elastic)
     self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
 
@@ -68,6 +70,14 @@ class UnitClaims:
           f"{self.task_name} was found lost by the chief of this elastic job and its unit went "
           "to another worker; a relaunched worker does not rejoin a running job yet. The job "
           "goes on without it; relaunch the whole job to bring it back", self.task_name)
+
+  def join(self, session, epoch: int) -> int:
+    """(Elastic) This relaunched worker's join of the running job at `epoch`: JOINED, or
+    NOT_FENCED / CLOSED (try again later; hooks.workqueue.queue_graph.MembershipOps)."""
+    ops = self.ops.membership
+    return int(session.run(ops.join, {ops.epoch: epoch, ops.worker: self._worker,
+                                      ops.token: self._token},
+                           options=run_options(self._attempt)))
 
   def claim(self, session, epoch: int, at_batch: int,
             finished: Optional[Tuple[int, int, int]] = None, wanted: int = ANY) -> Claim:

@@ -48,7 +48,8 @@ from hooks import graph_keys
 from hooks.errors import FENCED_MARK, ConfigError
 from hooks.workqueue.layout import MAX_WORKERS, Layout, fingerprint_value
 
-__all__ = ["QueueOps", "ReclaimOps", "Layout", "build", "gate", "STALE", "WAIT", "FENCED", "FENCE_MARK",
+__all__ = ["QueueOps", "ReclaimOps", "MembershipOps", "Layout", "build", "gate", "STALE",
+           "JOINED", "NOT_FENCED", "CLOSED", "WAIT", "FENCED", "FENCE_MARK",
            "ANY", "NONE", "MAX_WORKERS", "fingerprint_value"]
 
 _v1 = tf.compat.v1
@@ -81,6 +82,30 @@ class QueueOps:
   lock: "tf.CriticalSection | None" = None  # with elastic: the claims' lock, for `gate`
   gated: "tf.Variable | None" = None  # with elastic: per worker, its batches that passed `gate`
   state_variable: "tf.Variable | None" = None  # the variable `vector` reads
+  membership: "MembershipOps | None" = None  # with elastic: a relaunched worker's rejoin
+
+
+@dataclasses.dataclass(frozen=True)
+class MembershipOps:
+  """(Elastic) Who arrives at an epoch's barrier for a lost worker, decided in the queue's lock.
+
+  `closed`: per worker, the last epoch the chief arrives for it (a stand-in; -1 none): the
+  epoch it was lost in and every epoch it is still fenced at the gather. `join` (a relaunched
+  worker, at `epoch`): JOINED lifts its fence if the chief arrives for it at no barrier from
+  `epoch` on, and it arrives itself from then on; NOT_FENCED: the chief has not found its
+  earlier process lost yet; CLOSED: `epoch`'s barrier is the chief's (wait for a later one).
+  `token` (the joining process's, random): a join run again after its answer was lost answers
+  JOINED again.
+  `still_lost` (the chief, at `epoch`'s barrier): whether the worker is still fenced; if so
+  the epoch is closed to its join, and the chief arrives for it."""
+  epoch: tf.Tensor
+  worker: tf.Tensor
+  token: tf.Tensor
+  join: tf.Tensor
+  still_lost: tf.Tensor
+
+
+JOINED, NOT_FENCED, CLOSED = 1, 0, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,31 +152,37 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     feeds["wanted"] = _v1.placeholder_with_default(tf.constant(ANY, tf.int64), [], "wanted")
     lock = tf.CriticalSection(name="lock", shared_name="epochsync_workqueue_lock")
     order_of = functools.partial(_order, num_units, seed, shuffle)
-    gated = _gated_variable() if elastic else None
+    gated = _per_worker("epochsync/workqueue/gated", 0) if elastic else None
+    closed = _per_worker("epochsync/workqueue/closed", -1) if elastic else None
+    joined_by = _per_worker("epochsync/workqueue/joined_by", 0) if elastic else None
     claim = functools.partial(_claim, state, feeds, layout, order_of,
                               fingerprint_value(fingerprint), gated)
     result = _execute_unrecorded(lock, claim)
     vector = state.read_value()
     new_vector = _v1.placeholder(tf.int64, [layout.size], "new_state")
     assign = _execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
-    reclaim = _reclaim_ops(lock, state, gated, layout) if elastic else None
+    reclaim = _reclaim_ops(lock, state, gated, closed, layout) if elastic else None
+    membership = (_membership_ops(lock, state, (gated, closed, joined_by), layout)
+                  if elastic else None)
     # A new run (a relaunched job) brings every worker back: the chief's reset at the run's
     # start lifts the fences an earlier run left in the state (restored from a checkpoint).
     _v1.add_to_collection(graph_keys.RESET_OPS, _execute_unrecorded(
-        lock, functools.partial(_lift_fences, state, layout)))
+        lock, functools.partial(_lift_fences, state, closed, layout)))
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
                   new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
-                  lock=lock if elastic else None, gated=gated, state_variable=state, **feeds)
+                  lock=lock if elastic else None, gated=gated, state_variable=state,
+                  membership=membership, **feeds)
 
 
-def _gated_variable() -> tf.Variable:
-  """(elastic) Per worker: epoch * EPOCH_SHIFT + its epoch batch count: set by each claim,
-  one more per batch that passed the gate. In checkpoints like the rest of the state, though
-  every run's first claims set it again."""
-  gated = _v1.get_variable("epochsync/workqueue/gated", [MAX_WORKERS], tf.int64,
-                           _v1.zeros_initializer(), trainable=False, use_resource=True)
-  _v1.add_to_collection(graph_keys.STATE_VARIABLES, gated)
-  return gated
+def _per_worker(name: str, initial: int) -> tf.Variable:
+  """(elastic) A per-worker int64 vector of the queue's, used only inside its lock:
+  `gated` (epoch * EPOCH_SHIFT + the worker's epoch batch count: set by each claim, one more
+  per batch that passed the gate) and `closed` (MembershipOps). In checkpoints like the rest
+  of the state, though each run sets them again (its claims, its reset)."""
+  var = _v1.get_variable(name, [MAX_WORKERS], tf.int64, _v1.constant_initializer(initial),
+                         trainable=False, use_resource=True)
+  _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)
+  return var
 
 
 def gate(ops: QueueOps, worker_id: int, after: tf.Operation) -> tf.Operation:
@@ -174,12 +205,15 @@ def _assign(state, vector) -> tf.Tensor:
     return tf.constant(0, tf.int64)
 
 
-def _lift_fences(state, layout: Layout) -> tf.Tensor:
+def _lift_fences(state, closed, layout: Layout) -> tf.Tensor:
   parts = layout.parts(state.read_value())
   parts["claims"] = tf.where(parts["claims"] <= FENCE_MARK, tf.zeros_like(parts["claims"]),
                              parts["claims"])
   header, fields = layout.join(parts)
-  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
+  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0))]
+  if closed is not None:
+    writes.append(closed.assign(tf.fill([MAX_WORKERS], tf.constant(-1, tf.int64))))
+  with tf.control_dependencies(writes):
     return tf.constant(0, tf.int64)
 
 
@@ -292,13 +326,60 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
     return tf.stack([tf.identity(answer), second])
 
 
-def _reclaim_ops(lock: tf.CriticalSection, state, gated, layout: Layout) -> ReclaimOps:
+def _reclaim_ops(lock: tf.CriticalSection, state, gated, closed,
+                 layout: Layout) -> ReclaimOps:
   feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name) for name in ("epoch", "worker")}
-  result = _execute_unrecorded(lock, functools.partial(_reclaim, state, gated, feeds, layout))
+  result = _execute_unrecorded(lock, functools.partial(_reclaim, state, gated, closed, feeds,
+                                                       layout))
   return ReclaimOps(result=result, **feeds)
 
 
-def _reclaim(state, gated, feeds, layout: Layout) -> tf.Tensor:
+def _membership_ops(lock: tf.CriticalSection, state, per_worker,
+                    layout: Layout) -> MembershipOps:
+  feeds = {name: _v1.placeholder(tf.int64, [], "member_" + name)
+           for name in ("epoch", "worker", "token")}
+  join = _execute_unrecorded(lock, functools.partial(_join, state, per_worker, feeds, layout))
+  still_lost = _execute_unrecorded(lock, functools.partial(_still_lost, state, per_worker[1],
+                                                           feeds, layout))
+  return MembershipOps(join=join, still_lost=still_lost, **feeds)
+
+
+def _join(state, per_worker, feeds, layout: Layout) -> tf.Tensor:
+  """The join's graph (inside the lock): JOINED (the fence lifted, the worker's claims and gated
+  count start at `epoch`; or this token's join already did), NOT_FENCED or CLOSED (nothing
+  changes)."""
+  gated, closed, joined_by = per_worker
+  parts = layout.parts(state.read_value())
+  worker, epoch = feeds["worker"], feeds["epoch"]
+  fenced = parts["claims"][worker] <= FENCE_MARK
+  again = tf.logical_and(tf.logical_not(fenced), tf.equal(joined_by[worker], feeds["token"]))
+  open_ = tf.logical_and(closed[worker] < epoch, parts["epoch"] <= epoch)
+  joins = tf.logical_and(fenced, open_)
+  written = dict(parts)
+  written["claims"] = _put(parts["claims"], worker, tf.constant(0, tf.int64), joins)
+  written["last"] = _put(parts["last"], worker, tf.constant(-1, tf.int64), joins)
+  header, fields = layout.join(written)
+  count = tf.where(joins, epoch * graph_keys.EPOCH_SHIFT, gated[worker])
+  token = tf.where(joins, feeds["token"], joined_by[worker])
+  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),
+            gated.scatter_nd_update([[worker]], tf.reshape(count, [1])),
+            joined_by.scatter_nd_update([[worker]], tf.reshape(token, [1]))]
+  with tf.control_dependencies(writes):
+    return tf.where(tf.logical_or(joins, again), tf.constant(JOINED, tf.int64),
+                    tf.where(fenced, tf.constant(CLOSED, tf.int64),
+                             tf.constant(NOT_FENCED, tf.int64)))
+
+
+def _still_lost(state, closed, feeds, layout: Layout) -> tf.Tensor:
+  """(inside the lock) Whether the worker is still fenced; if so, `epoch` closes to its join."""
+  worker, epoch = feeds["worker"], feeds["epoch"]
+  lost = layout.parts(state.read_value())["claims"][worker] <= FENCE_MARK
+  last = tf.where(lost, tf.maximum(closed[worker], epoch), closed[worker])
+  with tf.control_dependencies([closed.scatter_nd_update([[worker]], tf.reshape(last, [1]))]):
+    return tf.identity(lost)
+
+
+def _reclaim(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
   """The reclaim's graph (inside the lock): fence the worker; its unit in flight, if any, goes
   to position next - 1 (the head of what is left) with next one less, its skip the batches of
   it that passed the worker's gate. Run twice, the second finds nothing in flight: it changes
@@ -331,6 +412,9 @@ def _reclaim(state, gated, feeds, layout: Layout) -> tf.Tensor:
   header, fields = layout.join(written)
   old_skip = tf.gather(parts["skip"], safe)
   none = tf.constant(-1, tf.int64), tf.constant(0, tf.int64), tf.constant(0, tf.int64)
-  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
+  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),  # the epoch is the chief's
+            closed.scatter_nd_update([[worker]], tf.reshape(tf.maximum(closed[worker],
+                                                                       feeds["epoch"]), [1]))]
+  with tf.control_dependencies(writes):
     return tf.stack([tf.where(back, a, b) for a, b in zip((unit, skip, old_skip), none)] +
                     [held])
