@@ -1,9 +1,10 @@
 """A worker of an elastic job refuses to start when the chief already found it lost.
 
 The chief fences a lost worker in the work queue (hooks.elastic.lost_workers). A process that
-replaces it (a relaunch with the same task index) would otherwise arrive at the start barrier
-of a job that no longer counts it; rejoining a running job is not built yet, so it ends at
-once with WorkerFencedError, before the barrier.
+replaces it rejoins the running job (hooks.elastic.rejoin) when its earlier process had joined
+the run. If that process was lost before it joined (so this one was not refused at the run's
+start), this one would arrive at the start barrier of a job that no longer counts it: it ends
+at once with WorkerFencedError instead, before the barrier; relaunched once more, it rejoins.
 
 Typical usage (hooks.session.wiring adds it on every other worker with --epochsync_elastic,
 before the barrier):

@@ -150,8 +150,8 @@ def _raise_if_fenced(error: tf.errors.OpError, task_name: str) -> None:
         f"{task_name} was found lost by the chief of this elastic job (it stopped answering, or "
         "stalled: SIGSTOP, a long pause, a partition) and its unit went to another worker; "
         "this step was refused before its batch reached the model, and the process ends "
-        "without training more. The job goes on without it; relaunch the whole job to bring it "
-        "back", task_name) from error
+        "without training more. The job goes on without it; relaunch this worker: a relaunched "
+        "worker rejoins the running job", task_name) from error
 
 
 def _close_unless_runs_left_behind(session, task_name: str) -> None:

@@ -62,14 +62,15 @@ class UnitClaims:
     return self._worker
 
   def raise_if_fenced(self, session) -> None:
-    """WorkerFencedError if the chief found this worker lost (elastic), e.g. in a process this
-    one replaces: a relaunched worker does not rejoin the running job yet."""
+    """WorkerFencedError if the chief found this worker lost (elastic) and this process did not
+    rejoin (hooks.elastic.rejoin): its earlier process had not joined the run yet."""
     claims = session.run(self.ops.state["claims"], options=run_options(self._attempt))
     if claims[self._worker] <= FENCE_MARK:
       raise WorkerFencedError(
           f"{self.task_name} was found lost by the chief of this elastic job and its unit went "
-          "to another worker; a relaunched worker does not rejoin a running job yet. The job "
-          "goes on without it; relaunch the whole job to bring it back", self.task_name)
+          "to another worker, before this process joined the run. The job goes on without it; "
+          "relaunch this worker once more: a relaunched worker rejoins the running job",
+          self.task_name)
 
   def join(self, session, epoch: int) -> int:
     """(Elastic) This relaunched worker's join of the running job at `epoch`: JOINED, or
@@ -121,8 +122,8 @@ class UnitClaims:
       raise WorkerFencedError(
           f"{self.task_name} was found lost by the chief (elastic training: it stopped "
           "answering, or stalled) and its unit went to another worker; this process ends "
-          "without training more. The job goes on without it; relaunch the whole job to bring "
-          "it back", self.task_name)
+          "without training more. The job goes on without it; relaunch this worker: a "
+          "relaunched worker rejoins the running job", self.task_name)
     self._seq += 1
     return answer
 
