@@ -41,7 +41,9 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
   Args:
     model_dir: `str` checkpoints, the epoch audit and eval results; storage every task sees.
     num_epochs, sync, divide_by_initial_workers, barrier_timeout_secs, startup_timeout_secs,
-      step_timeout_secs, warn_after_secs, log_every_secs: override `EpochSyncSettings` fields.
+      step_timeout_secs, warn_after_secs, log_every_secs, elastic: override `EpochSyncSettings`
+      fields (elastic: a lost worker does not stop the job; asynchronous training through
+      `work_units`, docs/elastic.md).
     settings: `EpochSyncSettings` to use instead of the flags and variables (the arguments
       above still override its fields).
     num_workers: `int` expected chief+worker tasks (or --epochsync_num_workers, or
@@ -67,7 +69,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                barrier_timeout_secs: Optional[float] = None,
                startup_timeout_secs: Optional[float] = None,
                step_timeout_secs: Optional[float] = None, warn_after_secs: Optional[float] = None,
-               log_every_secs: Optional[float] = None,
+               log_every_secs: Optional[float] = None, elastic: Optional[bool] = None,
                settings: Optional[EpochSyncSettings] = None, num_workers: Optional[int] = None,
                in_loop_eval: Optional[bool] = None,
                early_stopping: Optional[EarlyStopping] = None,
@@ -79,7 +81,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                     barrier_timeout_secs=barrier_timeout_secs,
                     startup_timeout_secs=startup_timeout_secs,
                     step_timeout_secs=step_timeout_secs, warn_after_secs=warn_after_secs,
-                    log_every_secs=log_every_secs)
+                    log_every_secs=log_every_secs, elastic=elastic)
     resolved, flag_num_workers = run_config_args.resolved_settings(settings, explicit, problems)
     resolved = run_config_args.save_period(resolved, run_config_kwargs, problems)
     if early_stopping is not None and not isinstance(early_stopping, EarlyStopping):

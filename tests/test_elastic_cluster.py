@@ -24,24 +24,24 @@ from hooks.testing.local_cluster import LocalCluster, run_cluster
 pytestmark = [pytest.mark.cluster]
 
 TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "epoch_task.py")]
+ESTIMATOR_TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks",
+                                               "estimator_task.py")]
 UNITS = [9, 1, 4, 6, 2, 7, 3, 5, 1, 8]  # batches per unit, 8 examples each
 BATCH = 8
-_TOOK = re.compile(r"worker:1 took unit (\d+) .* in epoch 0")
-
-
-def _kill_inside_a_unit(cluster, log_path: str, deadline: float,
-                       sig: int = signal.SIGKILL) -> Tuple[int, float]:
-  """Sends worker:1 `sig` about two batches into the first unit of 4+ batches it takes in
+def _kill_inside_a_unit(cluster, log_path: str, deadline: float, sig: int = signal.SIGKILL,
+                       victim: str = "worker:1") -> Tuple[int, float]:
+  """Sends `victim` `sig` about two batches into the first unit of 4+ batches it takes in
   epoch 0; the unit's index and the time of the signal."""
+  took = re.compile(victim + r" took unit (\d+) .* in epoch 0")
   while time.monotonic() < deadline:
     text = open(log_path).read() if os.path.exists(log_path) else ""
-    big = [int(u) for u in _TOOK.findall(text) if UNITS[int(u)] >= 4]
+    big = [int(u) for u in took.findall(text) if UNITS[int(u)] >= 4]
     if big:
-      time.sleep(1.0)  # worker:1's steps take 0.4 s: it is inside the unit
-      cluster.kill_task("worker:1", sig)
+      time.sleep(1.0)  # the victim's steps take 0.4 s: it is inside the unit
+      cluster.kill_task(victim, sig)
       return big[0], time.time()
     time.sleep(0.02)
-  raise AssertionError("worker:1 never took a unit of 4 or more batches in epoch 0")
+  raise AssertionError(f"{victim} never took a unit of 4 or more batches in epoch 0")
 
 
 @pytest.mark.timeout(240)
@@ -185,3 +185,38 @@ def test_a_killed_worker_relaunched_rejoins_the_running_job_and_every_unit_is_tr
   step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
   assert epochs * sum(UNITS) - 1 <= step <= epochs * sum(UNITS), step
   print(f"worker:1 lost in epoch 0, a member again from epoch {back[0]} of {epochs}")
+
+
+@pytest.mark.estimator
+@pytest.mark.timeout(300)
+def test_an_estimator_job_goes_on_without_a_killed_worker_and_trains_every_unit_once(tmp_path):
+  """estimator_ext.train_and_evaluate, asynchronous through work_units, with
+  EpochSyncRunConfig's elastic setting (here its flag): worker:0 (worker id 1) is SIGKILLed
+  inside a unit and never relaunched; the chief and worker:1 finish every epoch."""
+  from examples import estimator_data  # pylint: disable=g-import-not-at-top
+  model_dir, logs, epochs = str(tmp_path / "model"), str(tmp_path / "logs"), 2
+  command = ESTIMATOR_TASK + [f"--model_dir={model_dir}", f"--epochsync_num_epochs={epochs}",
+                              "--unit_batches=" + ",".join(map(str, UNITS)),
+                              "--noepochsync_sync", "--epochsync_elastic",
+                              "--step_sleep_secs=0.05", "--epochsync_save_checkpoint_secs=0"]
+  with LocalCluster(num_workers=3, num_ps=1, has_chief=True, timeout_secs=240,
+                    fail_fast_secs=None, log_dir=logs) as cluster:
+    cluster.start(command, per_task_args={"worker:0": ["--step_sleep_secs=0.4"]})
+    unit, _ = _kill_inside_a_unit(cluster, os.path.join(logs, "worker-0.log"),
+                                  time.monotonic() + 120, victim="worker:0")
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert codes == {"chief:0": 0, "worker:0": -9, "worker:1": 0}, [
+      (t.name, t.returncode, t.tail()) for t in result.tasks.values()]
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == list(range(epochs))
+  batch = estimator_data.BATCH_SIZE
+  for line in audit:
+    assert line["lost_workers"] == ["worker:0"]
+    assert sorted(u["index"] for u in line["units"]) == list(range(len(UNITS)))
+    for u in line["units"]:
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * batch, u
+  lost = {u["index"]: u for u in audit[0]["units"]}[unit]
+  assert lost["taken_back"]["worker"] == "worker:0", lost
+  step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
+  assert epochs * sum(UNITS) - 1 <= step <= epochs * sum(UNITS), step
