@@ -1,0 +1,123 @@
+"""The elastic kill matrix (opt-in: ./es test tests/test_elastic_matrix.py --elastic-seeds=10).
+
+Per seed and front end (MonitoredTrainingSession's tests/tasks/epoch_task.py, the Estimator's
+tests/tasks/estimator_task.py), asynchronous training through a work queue with
+--epochsync_elastic, 3 workers beside the chief, 1 ps: the seed draws the units, the fault and
+its victims, and the moment inside a unit. The faults, in turn: a worker killed; frozen
+(SIGSTOP, woken after the chief took its unit back); killed and relaunched (it rejoins); killed,
+relaunched, killed and relaunched again; two killed at once. Every surviving task exits 0, every
+epoch's audit lists every unit once with all its batches and examples, and the global step is
+the epochs' batches, less at most one per kill (a killed worker's batch that passed its gate
+may not have reached the model; a frozen one loses none).
+"""
+
+import os
+import random
+import re
+import signal
+import sys
+import time
+from typing import List
+
+import pytest
+import tensorflow as tf
+
+from hooks.epoch.audit import read_audit
+from hooks.testing.local_cluster import LocalCluster
+
+pytestmark = [pytest.mark.cluster]
+
+TASKS = os.path.join(os.path.dirname(__file__), "tasks")
+FAULTS = ("killed", "frozen", "relaunched", "twice", "two_at_once")
+_EPOCHS = {"killed": 2, "frozen": 2, "two_at_once": 2, "relaunched": 6, "twice": 10}
+
+
+def _log(logs: str, task: str) -> str:
+  path = os.path.join(logs, task.replace(":", "-") + ".log")
+  return open(path).read() if os.path.exists(path) else ""
+
+
+def _wait_for(logs: str, task: str, pattern: str, deadline: float, after: int = 0) -> int:
+  """Waits until `pattern` is in `task`'s log after offset `after`; the offset of its end."""
+  while time.monotonic() < deadline:
+    found = re.compile(pattern).search(_log(logs, task), after)
+    if found:
+      return found.end()
+    time.sleep(0.05)
+  raise AssertionError(f"{pattern!r} never appeared in {task}'s log")
+
+
+def _relaunch(cluster, task: str, deadline: float) -> None:
+  while cluster.results()[task].returncode is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+  cluster.restart_task(task)
+
+
+@pytest.mark.timeout(420)
+def test_the_elastic_kill_matrix(tmp_path, elastic_case):
+  seed, front = elastic_case
+  rng = random.Random(seed)
+  fault = FAULTS[seed % len(FAULTS)]
+  units = [rng.randint(2, 9) for _ in range(rng.randint(6, 12))]
+  epochs = _EPOCHS[fault]
+  model_dir, logs = str(tmp_path / "model"), str(tmp_path / "logs")
+  if front == "mts":
+    names, chief = ["worker:1", "worker:2", "worker:3"], "worker:0"
+    command = [sys.executable, os.path.join(TASKS, "epoch_task.py"), "--step_sleep_secs=0.1"]
+    slow = ["--slowdown=3"]
+    batch = 8
+  else:
+    names, chief = ["worker:0", "worker:1", "worker:2"], "chief:0"
+    command = [sys.executable, os.path.join(TASKS, "estimator_task.py"), "--step_sleep_secs=0.1"]
+    slow = ["--step_sleep_secs=0.3"]
+    from examples import estimator_data  # pylint: disable=g-import-not-at-top
+    batch = estimator_data.BATCH_SIZE
+  victims: List[str] = rng.sample(names, 2 if fault == "two_at_once" else 1)
+  command += [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, units)),
+              f"--epochsync_num_epochs={epochs}", "--noepochsync_sync", "--epochsync_elastic",
+              "--epochsync_save_checkpoint_secs=0", "--epochsync_step_timeout_secs=6"]
+  print(f"elastic seed {seed} ({front}): {fault} {victims}, units {units}, {epochs} epochs")
+  deadline = time.monotonic() + 360
+  kills = 0
+  with LocalCluster(num_workers=4, has_chief=front == "estimator", timeout_secs=360,
+                    fail_fast_secs=None, log_dir=logs) as cluster:
+    cluster.start(command, per_task_args={v: slow for v in victims})
+    _wait_for(logs, victims[0], re.escape(victims[0]) + r" took unit \d+ .* in epoch 0", deadline)
+    time.sleep(rng.uniform(0.05, 0.8))  # somewhere inside the unit
+    if fault == "frozen":
+      cluster.kill_task(victims[0], signal.SIGSTOP)
+      _wait_for(logs, chief, re.escape(victims[0]) + r" is lost in epoch", deadline)
+      cluster.kill_task(victims[0], signal.SIGCONT)
+    else:
+      for victim in victims:
+        cluster.kill_task(victim)
+        kills += 1
+    if fault in ("relaunched", "twice"):
+      _relaunch(cluster, victims[0], deadline)
+    if fault == "twice":
+      seen = _wait_for(logs, victims[0], "rejoined the running job", deadline)
+      _wait_for(logs, victims[0], re.escape(victims[0]) + r" took unit \d+", deadline, seen)
+      time.sleep(rng.uniform(0.05, 0.8))
+      cluster.kill_task(victims[0])
+      kills += 1
+      _relaunch(cluster, victims[0], deadline)
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  ended = {chief: 0, **{n: 0 for n in names}}
+  if fault in ("killed", "two_at_once"):
+    ended.update({v: -9 for v in victims})
+  if fault == "frozen":
+    ended[victims[0]] = codes[victims[0]]
+    assert codes[victims[0]] != 0 and "WorkerFencedError" in _log(logs, victims[0])
+  assert codes == ended, [(t.name, t.returncode, t.tail()) for t in result.tasks.values()]
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == list(range(epochs)), audit
+  for line in audit:
+    assert sorted(u["index"] for u in line["units"]) == list(range(len(units))), line
+    for u in line["units"]:
+      assert u["batches"] == units[u["index"]] and u["examples"] == units[u["index"]] * batch, u
+  assert set(audit[0].get("lost_workers", [])) == set(victims), audit[0]
+  if fault in ("relaunched", "twice"):
+    assert "lost_workers" not in audit[-1], audit[-1]  # a member again at the end
+  step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
+  assert epochs * sum(units) - kills <= step <= epochs * sum(units), (step, kills)
