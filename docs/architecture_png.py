@@ -23,7 +23,7 @@ OWNS = {
     "session": "creators, wiring (epoch_sync_hooks), the drop-in",
     "sync": "optimizer, tokens, aggregation",
     "checkpoint": "epoch, mid-epoch saves; resume",
-    "elastic": "lost workers",
+    "elastic": "lost workers, rejoin",
     "epoch": "run start, barrier, audit, progress",
     "workqueue": "units, the queue on ps:0, claims, unit audit",
     "data": "EpochInput, look-ahead, determinism",

@@ -172,12 +172,13 @@ def test_a_process_frozen_inside_a_step_restarts_its_clock_instead_of_ending(cap
   exits = []
   watchdog = StuckStepWatchdog("worker:1", StepWatch(3.0, 2.5, 0.1, clock=clock),
                                lost_after_secs=1000, exit_fn=exits.append)
-  watchdog.start()
-  watchdog.before_step()
-  with watchdog.step():
-    time.sleep(0.5)
-    jump[0] = 10.0  # the whole process stood still for 10 s
-    time.sleep(1.5)
-  watchdog.stop()
+  with caplog.at_level("INFO", logger="absl"):  # absl sets its own level once flags parse
+    watchdog.start()
+    watchdog.before_step()
+    with watchdog.step():
+      time.sleep(0.5)
+      jump[0] = 10.0  # the whole process stood still for 10 s
+      time.sleep(1.5)
+    watchdog.stop()
   assert exits == []
   assert "worker:1 did not run for 10 s (frozen" in caplog.text

@@ -1,0 +1,149 @@
+"""What one worker's death costs a job: elastic against stop-and-relaunch, side by side.
+
+4 workers, 1 ps, examples.train's linear model, asynchronous through a work queue of
+--total_batches batches per epoch in units of --unit_batches, --epochs epochs; every step pauses
+--step_sleep_secs. Per repetition, three jobs from a fresh model_dir each, wall time from the
+launch to every task's exit:
+
+  uninterrupted   --epochsync_elastic, nothing happens;
+  elastic         --epochsync_elastic; worker:2 is SIGKILLed --kill_after_secs into a unit of
+                  epoch 1 and relaunched at once (as Kubernetes' OnFailure does): it rejoins;
+  stop_relaunch   today's default (not elastic), the same kill: every task ends (the liveness
+                  monitor names the dead worker), and the whole job is relaunched from its
+                  newest checkpoint (mid-epoch checkpoints every --save_checkpoint_secs).
+
+loss = wall - uninterrupted's wall. The elastic loss is the detection (the chief's WARNING after
+the kill, from its log), the lost worker's share of the epoch done by the others, and the
+rejoin; stop-and-relaunch loses every task's work since the newest checkpoint plus a whole
+job's restart. With a save period P, that work is P/2 on average: the JSON gives the measured
+restart (detection, exit, relaunch, restore) plus P/2 for P = 600 s beside the elastic loss.
+
+Typical usage:
+  python -m bench.elastic_cost --repetitions=3 --output=bench/results/elastic_cost.json
+"""
+
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+from absl import app
+from absl import flags
+
+from bench import common
+from hooks.testing.local_cluster import LocalCluster
+
+_REPETITIONS = flags.DEFINE_integer("repetitions", 3, "Repetitions.", lower_bound=1)
+_TOTAL = flags.DEFINE_integer("total_batches", 480, "Batches per epoch (all workers).")
+_UNIT = flags.DEFINE_integer("unit_batches", 12, "Batches per unit.", lower_bound=1)
+_EPOCHS = flags.DEFINE_integer("epochs", 3, "Epochs per job.", lower_bound=2)
+_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.05, "Pause per step.")
+_KILL_AFTER = flags.DEFINE_float("kill_after_secs", 0.2, "The kill comes this long after the "
+                                 "victim took its first unit of epoch 1.")
+_SAVE_SECS = flags.DEFINE_float("save_checkpoint_secs", 600.0, "Mid-epoch checkpoint period "
+                                "of the stop-and-relaunch job.")
+_OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
+
+_TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_task.py")
+_WORKERS, _VICTIM = 4, "worker:2"
+_PERIOD_SECS = 600.0  # the save period the comparison is stated for
+_LOST_AT = re.compile(r"^W\d{4} (\d\d):(\d\d):(\d\d\.\d+) .* is lost in epoch", re.M)
+
+
+def _command(model_dir: str, elastic: bool) -> List[str]:
+  return [sys.executable, _TASK, f"--model_dir={model_dir}",
+          "--unit_batches=" + ",".join([str(_UNIT.value)] * (_TOTAL.value // _UNIT.value)),
+          f"--epochsync_num_epochs={_EPOCHS.value}", "--epochsync_sync=false",
+          f"--epochsync_elastic={str(elastic).lower()}",
+          f"--epochsync_save_checkpoint_secs={0 if elastic else _SAVE_SECS.value}",
+          f"--step_sleep_secs={_SLEEP.value}"]
+
+
+def _kill_in_epoch_1(cluster: LocalCluster, deadline: float) -> float:
+  """SIGKILLs the victim --kill_after_secs into its first unit of epoch 1; the time.time()."""
+  took = re.compile(re.escape(_VICTIM) + r" took unit \d+ .* in epoch 1")
+  path = os.path.join(cluster.log_dir, _VICTIM.replace(":", "-") + ".log")
+  while time.monotonic() < deadline:
+    if os.path.exists(path) and took.search(open(path).read()):
+      time.sleep(_KILL_AFTER.value)
+      cluster.kill_task(_VICTIM)
+      return time.time()
+    time.sleep(0.02)
+  raise RuntimeError(f"{_VICTIM} never took a unit of epoch 1")
+
+
+def _found_after(cluster: LocalCluster, killed_at: float) -> Optional[float]:
+  """Seconds from the kill to the chief's WARNING that the victim is lost (elastic)."""
+  found = _LOST_AT.search(open(os.path.join(cluster.log_dir, "worker-0.log")).read())
+  if not found:
+    return None
+  day = time.localtime(killed_at)
+  h, m, s = found.groups()
+  return time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s) - killed_at
+
+
+def _job(kind: str) -> Dict[str, float]:
+  """One job of `kind`; its wall seconds (and the kill's timings)."""
+  model_dir = tempfile.mkdtemp(prefix=f"epochsync-bench-elastic-{kind}-")
+  start, row = time.monotonic(), {}
+  logs = os.path.join(model_dir, "logs")
+  with LocalCluster(num_workers=_WORKERS, timeout_secs=600, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(_command(model_dir, kind != "stop_relaunch"))
+    if kind != "uninterrupted":
+      killed_at = _kill_in_epoch_1(cluster, time.monotonic() + 300)
+      row["kill_at_secs"] = round(time.monotonic() - start, 3)
+    if kind == "elastic":
+      while cluster.results()[_VICTIM].returncode is None:
+        time.sleep(0.02)
+      cluster.restart_task(_VICTIM)
+    result = cluster.wait()
+    if kind == "elastic":
+      row["detection_secs"] = round(_found_after(cluster, killed_at), 3)
+  codes = {n: r.returncode for n, r in result.tasks.items()}
+  if kind != "stop_relaunch":
+    if any(codes.values()):
+      raise RuntimeError(f"{kind}: exit codes {codes}; logs in {logs}")
+  else:  # Every task ended; the whole job is relaunched from the newest checkpoint.
+    row["failed_after_secs"] = round(time.monotonic() - start, 3)
+    with LocalCluster(num_workers=_WORKERS, timeout_secs=600,
+                      log_dir=os.path.join(model_dir, "logs-relaunch")) as cluster:
+      cluster.start(_command(model_dir, False))
+      cluster.wait().check()
+  row["wall_secs"] = round(time.monotonic() - start, 3)
+  return row
+
+
+def main(argv):
+  del argv
+  runs = []
+  for rep in range(_REPETITIONS.value):
+    row = {"repetition": rep, "load_before": common.load_average()}
+    for kind in ("uninterrupted", "elastic", "stop_relaunch"):
+      row[kind] = _job(kind)
+    base = row["uninterrupted"]["wall_secs"]
+    for kind in ("elastic", "stop_relaunch"):
+      row[kind]["loss_secs"] = round(row[kind]["wall_secs"] - base, 3)
+    restart = row["stop_relaunch"]["loss_secs"]
+    row["stop_relaunch_loss_at_600s_secs"] = round(restart + _PERIOD_SECS / 2, 1)
+    row["ratio_at_600s"] = round(row["stop_relaunch_loss_at_600s_secs"] /
+                                 max(row["elastic"]["loss_secs"], 0.1), 1)
+    row["load_after"] = common.load_average()
+    runs.append(row)
+    print(row, flush=True)
+  median = lambda key, field: statistics.median(r[key][field] for r in runs)
+  summary = {"elastic_loss_secs": median("elastic", "loss_secs"),
+             "detection_secs": median("elastic", "detection_secs"),
+             "stop_relaunch_loss_secs": median("stop_relaunch", "loss_secs"),
+             "ratio_at_600s": statistics.median(r["ratio_at_600s"] for r in runs)}
+  print("medians:", summary, flush=True)
+  common.write_results(_OUTPUT.value, {"runs": runs, "medians": summary}, sys.argv,
+                       workers=_WORKERS, total_batches=_TOTAL.value, unit_batches=_UNIT.value,
+                       epochs=_EPOCHS.value, step_sleep_secs=_SLEEP.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
