@@ -14,9 +14,11 @@ launch to every task's exit:
 
 loss = wall - uninterrupted's wall. The elastic loss is the detection (the chief's WARNING after
 the kill, from its log), the lost worker's share of the epoch done by the others, and the
-rejoin; stop-and-relaunch loses every task's work since the newest checkpoint plus a whole
-job's restart. With a save period P, that work is P/2 on average: the JSON gives the measured
-restart (detection, exit, relaunch, restore) plus P/2 for P = 600 s beside the elastic loss.
+rejoin; its bound is the detection plus one unit's time (unit_secs: a unit's batches at the
+uninterrupted job's pace per worker). Stop-and-relaunch loses every task's work since the
+newest checkpoint plus a whole job's restart. With a save period P, that work is P/2 on
+average: the JSON gives the measured loss plus P/2 for P = 600 s, and its ratio to the elastic
+loss (at least the detection: a loss below it is the runs' noise).
 
 Typical usage:
   python -m bench.elastic_cost --repetitions=3 --output=bench/results/elastic_cost.json
@@ -34,6 +36,7 @@ from absl import app
 from absl import flags
 
 from bench import common
+from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
 
 _REPETITIONS = flags.DEFINE_integer("repetitions", 3, "Repetitions.", lower_bound=1)
@@ -114,6 +117,10 @@ def _job(kind: str) -> Dict[str, float]:
       cluster.start(_command(model_dir, False))
       cluster.wait().check()
   row["wall_secs"] = round(time.monotonic() - start, 3)
+  if kind == "uninterrupted":  # A unit's time at this job's pace per worker (epoch 1).
+    audit = read_audit(model_dir)
+    epoch = audit[1]["released_at"] - audit[0]["released_at"]
+    row["unit_secs"] = round(epoch * _WORKERS / _TOTAL.value * _UNIT.value, 3)
   return row
 
 
@@ -127,17 +134,23 @@ def main(argv):
     base = row["uninterrupted"]["wall_secs"]
     for kind in ("elastic", "stop_relaunch"):
       row[kind]["loss_secs"] = round(row[kind]["wall_secs"] - base, 3)
+    elastic = row["elastic"]
+    elastic["bound_secs"] = round(elastic["detection_secs"] + row["uninterrupted"]["unit_secs"],
+                                  3)
+    floor = max(elastic["loss_secs"], elastic["detection_secs"])
     restart = row["stop_relaunch"]["loss_secs"]
+    row["ratio_measured"] = round(restart / floor, 1)
     row["stop_relaunch_loss_at_600s_secs"] = round(restart + _PERIOD_SECS / 2, 1)
-    row["ratio_at_600s"] = round(row["stop_relaunch_loss_at_600s_secs"] /
-                                 max(row["elastic"]["loss_secs"], 0.1), 1)
+    row["ratio_at_600s"] = round(row["stop_relaunch_loss_at_600s_secs"] / floor, 1)
     row["load_after"] = common.load_average()
     runs.append(row)
     print(row, flush=True)
   median = lambda key, field: statistics.median(r[key][field] for r in runs)
   summary = {"elastic_loss_secs": median("elastic", "loss_secs"),
              "detection_secs": median("elastic", "detection_secs"),
+             "bound_secs": median("elastic", "bound_secs"),
              "stop_relaunch_loss_secs": median("stop_relaunch", "loss_secs"),
+             "ratio_measured": statistics.median(r["ratio_measured"] for r in runs),
              "ratio_at_600s": statistics.median(r["ratio_at_600s"] for r in runs)}
   print("medians:", summary, flush=True)
   common.write_results(_OUTPUT.value, {"runs": runs, "medians": summary}, sys.argv,
