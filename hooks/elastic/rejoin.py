@@ -15,7 +15,7 @@ Typical usage (hooks.session.wiring, on every worker but the chief with --epochs
 
 from typing import Callable, Optional
 
-from hooks.workqueue.queue_graph import JOINED, NOT_FENCED
+from hooks.workqueue.elastic_graph import JOINED, NOT_FENCED
 from hooks.workqueue.unit_passes import UnitPasses
 
 __all__ = ["rejoin_fn"]

@@ -144,7 +144,7 @@ def retry_duplicate_steps(session, task_name: str, watchdog: Optional[StuckStepW
 
 def _raise_if_fenced(error: tf.errors.OpError, task_name: str) -> None:
   """WorkerFencedError if `error` is the elastic work queue's gate refusing this worker's step
-  (hooks.workqueue.queue_graph.gate): nothing of the step reached the model."""
+  (hooks.workqueue.elastic_graph.gate): nothing of the step reached the model."""
   if FENCED_MARK in (error.message or ""):
     raise WorkerFencedError(
         f"{task_name} was found lost by the chief of this elastic job (it stopped answering, or "

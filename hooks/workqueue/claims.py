@@ -74,7 +74,7 @@ class UnitClaims:
 
   def join(self, session, epoch: int) -> int:
     """(Elastic) This relaunched worker's join of the running job at `epoch`: JOINED, or
-    NOT_FENCED / CLOSED (try again later; hooks.workqueue.queue_graph.MembershipOps)."""
+    NOT_FENCED / CLOSED (try again later; hooks.workqueue.elastic_graph.MembershipOps)."""
     ops = self.ops.membership
     return int(session.run(ops.join, {ops.epoch: epoch, ops.worker: self._worker,
                                       ops.token: self._token},

@@ -19,12 +19,9 @@ With `elastic`, a claim that finds no unit left while another worker's unit is s
 answers WAIT (that unit may come back: its worker may die), and the chief's `reclaim` puts the
 unit in flight of a worker it found dead back at the head of the queue, after the batches the
 model holds, and fences the worker: its later claims answer FENCED (hooks.elastic).
-With `elastic` each of a worker's steps also passes the queue's `gate` (in the same critical
-section, in the step's run, before the batch reaches the model): it counts the batch as the
-worker's (`gated`, set to the worker's epoch batch count by each claim) unless the worker is
-fenced, and then fails the step; the reclaim takes the unit back after the gated batches. So a
-batch counts in the model exactly when it passed the gate, whether its worker froze before or
-after (hooks.elastic).
+With `elastic` each of a worker's steps also passes the queue's gate, and the chief's reclaim
+and a relaunched worker's join run in the same critical section (hooks.workqueue.elastic_graph;
+each claim sets the worker's `gated` count to its epoch batch count).
 The chief's `assign` (in the same critical section) writes a whole resumed state before the
 run starts (hooks.checkpoint.unit_resume).
 A claim computes the whole new state from the old and writes it with one assign, so a claim
@@ -45,19 +42,19 @@ from typing import Dict
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks.errors import FENCED_MARK, ConfigError
+from hooks.errors import ConfigError
+from hooks.workqueue import elastic_graph
+from hooks.workqueue.elastic_graph import (CLOSED, JOINED, NOT_FENCED, MembershipOps,
+                                           ReclaimOps, gate)
 from hooks.workqueue.layout import MAX_WORKERS, Layout, fingerprint_value
+from hooks.workqueue.state_ops import (ANY, FENCE_MARK, FENCED, NONE, STALE, WAIT,
+                                       execute_unrecorded, fills, put)
 
 __all__ = ["QueueOps", "ReclaimOps", "MembershipOps", "Layout", "build", "gate", "STALE",
            "JOINED", "NOT_FENCED", "CLOSED", "WAIT", "FENCED", "FENCE_MARK",
            "ANY", "NONE", "MAX_WORKERS", "fingerprint_value"]
 
 _v1 = tf.compat.v1
-STALE = -2  # a claim's answer: the queue is already in a later epoch than the claim's
-WAIT = -3  # (elastic) none left to hand out, but a unit in flight may come back: claim again
-FENCED = -4  # (elastic) the chief found this worker lost and took its unit back
-FENCE_MARK = -2  # claims[w] <= FENCE_MARK: worker w is fenced (a fresh epoch keeps the mark)
-ANY, NONE = -1, -2  # a claim's `wanted`: the next unit of the order, or none (a replay's end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,52 +82,6 @@ class QueueOps:
   membership: "MembershipOps | None" = None  # with elastic: a relaunched worker's rejoin
 
 
-@dataclasses.dataclass(frozen=True)
-class MembershipOps:
-  """(Elastic) Who arrives at an epoch's barrier for a lost worker, decided in the queue's lock.
-
-  `closed`: per worker, the last epoch the chief arrives for it (a stand-in; -1 none): the
-  epoch it was lost in and every epoch it is still fenced at the gather. `join` (a relaunched
-  worker, at `epoch`): JOINED lifts its fence if the chief arrives for it at no barrier from
-  `epoch` on, and it arrives itself from then on; NOT_FENCED: the chief has not found its
-  earlier process lost yet; CLOSED: `epoch`'s barrier is the chief's (wait for a later one).
-  `token` (the joining process's, random): a join run again after its answer was lost answers
-  JOINED again.
-  `still_lost` (the chief, at `epoch`'s barrier): whether the worker is still fenced; if so
-  the epoch is closed to its join, and the chief arrives for it."""
-  epoch: tf.Tensor
-  worker: tf.Tensor
-  token: tf.Tensor
-  join: tf.Tensor
-  still_lost: tf.Tensor
-
-
-JOINED, NOT_FENCED, CLOSED = 1, 0, 2
-
-
-@dataclasses.dataclass(frozen=True)
-class ReclaimOps:
-  """The chief's reclaim (elastic): fenced worker `worker`'s unit in flight in `epoch` goes back
-  to the head of the queue after the batches of it that passed the worker's gate. `result`:
-  [the unit (-1: none in flight), its new skip, its skip before (the new minus the old: the
-  lost worker's batches of it in the model), the worker's epoch batches in the model]."""
-  epoch: tf.Tensor
-  worker: tf.Tensor
-  result: tf.Tensor
-
-
-def _execute_unrecorded(lock: tf.CriticalSection, fn):
-  """lock.execute(fn), minus the graph collection entry it leaves (the lock runs only this
-  fn; the entry cannot be serialized: every meta-graph export would warn about it)."""
-  graph = _v1.get_default_graph()
-  key = "critical_section_executions"
-  before = list(graph.get_collection(key))
-  result = lock.execute(fn)
-  entries = graph.get_collection_ref(key)
-  entries[:] = [e for e in entries if any(e is b for b in before)]
-  return result
-
-
 def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
           ps_device: str, fingerprint: str = "0", elastic: bool = False) -> QueueOps:
   """The queue's variable on `ps_device` and its claim, for `num_units` units; with `elastic`
@@ -152,52 +103,25 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     feeds["wanted"] = _v1.placeholder_with_default(tf.constant(ANY, tf.int64), [], "wanted")
     lock = tf.CriticalSection(name="lock", shared_name="epochsync_workqueue_lock")
     order_of = functools.partial(_order, num_units, seed, shuffle)
-    gated = _per_worker("epochsync/workqueue/gated", 0) if elastic else None
-    closed = _per_worker("epochsync/workqueue/closed", -1) if elastic else None
-    joined_by = _per_worker("epochsync/workqueue/joined_by", 0) if elastic else None
+    gated, closed, joined_by = ([elastic_graph.per_worker(*v) for v in elastic_graph.VARIABLES]
+                                if elastic else (None, None, None))
     claim = functools.partial(_claim, state, feeds, layout, order_of,
                               fingerprint_value(fingerprint), gated)
-    result = _execute_unrecorded(lock, claim)
+    result = execute_unrecorded(lock, claim)
     vector = state.read_value()
     new_vector = _v1.placeholder(tf.int64, [layout.size], "new_state")
-    assign = _execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
-    reclaim = _reclaim_ops(lock, state, gated, closed, layout) if elastic else None
-    membership = (_membership_ops(lock, state, (gated, closed, joined_by), layout)
+    assign = execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
+    reclaim = elastic_graph.reclaim_ops(lock, state, gated, closed, layout) if elastic else None
+    membership = (elastic_graph.membership_ops(lock, state, (gated, closed, joined_by), layout)
                   if elastic else None)
     # A new run (a relaunched job) brings every worker back: the chief's reset at the run's
     # start lifts the fences an earlier run left in the state (restored from a checkpoint).
-    _v1.add_to_collection(graph_keys.RESET_OPS, _execute_unrecorded(
+    _v1.add_to_collection(graph_keys.RESET_OPS, execute_unrecorded(
         lock, functools.partial(_lift_fences, state, closed, layout)))
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
                   new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
                   lock=lock if elastic else None, gated=gated, state_variable=state,
                   membership=membership, **feeds)
-
-
-def _per_worker(name: str, initial: int) -> tf.Variable:
-  """(elastic) A per-worker int64 vector of the queue's, used only inside its lock:
-  `gated` (epoch * EPOCH_SHIFT + the worker's epoch batch count: set by each claim, one more
-  per batch that passed the gate) and `closed` (MembershipOps). In checkpoints like the rest
-  of the state, though each run sets them again (its claims, its reset)."""
-  var = _v1.get_variable(name, [MAX_WORKERS], tf.int64, _v1.constant_initializer(initial),
-                         trainable=False, use_resource=True)
-  _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)
-  return var
-
-
-def gate(ops: QueueOps, worker_id: int, after: tf.Operation) -> tf.Operation:
-  """(elastic) The op a step of worker `worker_id` runs before its batch reaches the model,
-  after `after` (the step's take of the batch): one run of the lock on ps:0 that counts the
-  batch as the worker's, or, if the chief fenced the worker, fails the step with
-  InvalidArgumentError carrying `errors.FENCED_MARK` (hooks.faults.step_retry turns it into
-  WorkerFencedError)."""
-  with _v1.device(ops.gated.device), tf.name_scope("epochsync_workqueue_gate"):
-    with tf.control_dependencies([after]):
-      passed = _execute_unrecorded(
-          ops.lock, functools.partial(_pass_gate, ops.state_variable, ops.gated, ops.layout,
-                                      worker_id))
-    return tf.debugging.Assert(passed, [tf.constant(
-        f"{FENCED_MARK}: worker id {worker_id}, found lost by the chief")], name="fence")
 
 
 def _assign(state, vector) -> tf.Tensor:
@@ -226,17 +150,6 @@ def _order(u: int, seed: int, shuffle: bool, epoch: tf.Tensor) -> tf.Tensor:
   return tf.cast(tf.argsort(keys, stable=True), tf.int64)
 
 
-def _fills(value: int, n: int) -> tf.Tensor:
-  return tf.fill([n], tf.constant(value, tf.int64))
-
-
-def _put(vector, index, value, when):
-  """`vector` with [index] = value where `when` (index clipped at 0 otherwise)."""
-  index = tf.maximum(index, 0)
-  return tf.where(when, tf.tensor_scatter_nd_update(
-      vector, tf.reshape(index, [1, 1]), tf.reshape(value, [1])), vector)
-
-
 def _bring_wanted(order, position, wanted, u: int):
   """(the order with unit `wanted` swapped to `position`, whether a unit is there for the
   claim). ANY: the order as it is; NONE: no unit; a unit already handed out: no unit (the
@@ -254,15 +167,6 @@ def _bring_wanted(order, position, wanted, u: int):
   return order, has_unit
 
 
-def _pass_gate(state, gated, layout: Layout, worker_id: int) -> tf.Tensor:
-  """The gate's graph (inside the lock): whether worker `worker_id` is not fenced; if not, its
-  gated count rises by one."""
-  passed = layout.parts(state.read_value())["claims"][worker_id] > FENCE_MARK
-  count = gated.scatter_nd_add([[worker_id]], tf.reshape(tf.cast(passed, tf.int64), [1]))
-  with tf.control_dependencies([count]):
-    return tf.identity(passed)
-
-
 def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
            gated: "tf.Variable | None") -> tf.Tensor:
   """The claim's graph (inside the lock): the new state from the old, one assign, the answer."""
@@ -273,9 +177,9 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
   started = tf.concat([
       tf.stack([epoch, tf.constant(0, tf.int64), tf.constant(fingerprint, tf.int64),
                 tf.constant(0, tf.int64), tf.constant(0, tf.int64)]),
-      order_of(epoch), _fills(-1, u), _fills(0, u), _fills(-1, u), _fills(-1, u), _fills(0, u),
+      order_of(epoch), fills(-1, u), fills(0, u), fills(-1, u), fills(-1, u), fills(0, u),
       tf.where(old_claims <= FENCE_MARK, old_claims, tf.zeros_like(old_claims)),  # fences stay
-      _fills(-1, MAX_WORKERS)], 0)
+      fills(-1, MAX_WORKERS)], 0)
   parts = layout.parts(tf.where(fresh, started, old))
   worker, position = feeds["worker"], parts["next"]
   stale = parts["epoch"] > epoch
@@ -291,14 +195,14 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
   written = dict(parts)
   written["next"] = tf.where(take, position + 1, position)
   written["order"] = tf.where(take, order, parts["order"])
-  written["owner"] = _put(parts["owner"], unit, worker, take)
-  written["first_batch"] = _put(parts["first_batch"], unit, feeds["at_batch"] - skip_of(unit),
+  written["owner"] = put(parts["owner"], unit, worker, take)
+  written["first_batch"] = put(parts["first_batch"], unit, feeds["at_batch"] - skip_of(unit),
                                 take)
-  written["batches"] = _put(parts["batches"], feeds["finished"], feeds["finished_batches"],
+  written["batches"] = put(parts["batches"], feeds["finished"], feeds["finished_batches"],
                             finished)
-  written["examples"] = _put(parts["examples"], feeds["finished"], feeds["finished_examples"],
+  written["examples"] = put(parts["examples"], feeds["finished"], feeds["finished_examples"],
                              finished)
-  written["claims"] = _put(parts["claims"], worker, feeds["seq"] + 1, new)
+  written["claims"] = put(parts["claims"], worker, feeds["seq"] + 1, new)
   elastic = gated is not None
   if elastic:  # None left, one in flight: claim again (it may come back) instead of ending.
     handed = tf.range(u, dtype=tf.int64) < written["next"]
@@ -306,7 +210,7 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
     waits = tf.logical_and(unit < 0, tf.reduce_any(tf.logical_and(handed, in_flight)))
     unit = tf.where(tf.logical_and(waits, tf.equal(feeds["wanted"], ANY)),
                     tf.constant(WAIT, tf.int64), unit)
-  written["last"] = _put(parts["last"], worker, unit, new)
+  written["last"] = put(parts["last"], worker, unit, new)
   header, fields = layout.join(written)
   answer = tf.where(stale, tf.constant(STALE, tf.int64),
                     tf.where(fenced, tf.constant(FENCED, tf.int64),
@@ -324,97 +228,3 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
         counted, epoch * graph_keys.EPOCH_SHIFT + feeds["at_batch"], gated[worker]), [1])))
   with tf.control_dependencies(writes):
     return tf.stack([tf.identity(answer), second])
-
-
-def _reclaim_ops(lock: tf.CriticalSection, state, gated, closed,
-                 layout: Layout) -> ReclaimOps:
-  feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name) for name in ("epoch", "worker")}
-  result = _execute_unrecorded(lock, functools.partial(_reclaim, state, gated, closed, feeds,
-                                                       layout))
-  return ReclaimOps(result=result, **feeds)
-
-
-def _membership_ops(lock: tf.CriticalSection, state, per_worker,
-                    layout: Layout) -> MembershipOps:
-  feeds = {name: _v1.placeholder(tf.int64, [], "member_" + name)
-           for name in ("epoch", "worker", "token")}
-  join = _execute_unrecorded(lock, functools.partial(_join, state, per_worker, feeds, layout))
-  still_lost = _execute_unrecorded(lock, functools.partial(_still_lost, state, per_worker[1],
-                                                           feeds, layout))
-  return MembershipOps(join=join, still_lost=still_lost, **feeds)
-
-
-def _join(state, per_worker, feeds, layout: Layout) -> tf.Tensor:
-  """The join's graph (inside the lock): JOINED (the fence lifted, the worker's claims and gated
-  count start at `epoch`; or this token's join already did), NOT_FENCED or CLOSED (nothing
-  changes)."""
-  gated, closed, joined_by = per_worker
-  parts = layout.parts(state.read_value())
-  worker, epoch = feeds["worker"], feeds["epoch"]
-  fenced = parts["claims"][worker] <= FENCE_MARK
-  again = tf.logical_and(tf.logical_not(fenced), tf.equal(joined_by[worker], feeds["token"]))
-  open_ = tf.logical_and(closed[worker] < epoch, parts["epoch"] <= epoch)
-  joins = tf.logical_and(fenced, open_)
-  written = dict(parts)
-  written["claims"] = _put(parts["claims"], worker, tf.constant(0, tf.int64), joins)
-  written["last"] = _put(parts["last"], worker, tf.constant(-1, tf.int64), joins)
-  header, fields = layout.join(written)
-  count = tf.where(joins, epoch * graph_keys.EPOCH_SHIFT, gated[worker])
-  token = tf.where(joins, feeds["token"], joined_by[worker])
-  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),
-            gated.scatter_nd_update([[worker]], tf.reshape(count, [1])),
-            joined_by.scatter_nd_update([[worker]], tf.reshape(token, [1]))]
-  with tf.control_dependencies(writes):
-    return tf.where(tf.logical_or(joins, again), tf.constant(JOINED, tf.int64),
-                    tf.where(fenced, tf.constant(CLOSED, tf.int64),
-                             tf.constant(NOT_FENCED, tf.int64)))
-
-
-def _still_lost(state, closed, feeds, layout: Layout) -> tf.Tensor:
-  """(inside the lock) Whether the worker is still fenced; if so, `epoch` closes to its join."""
-  worker, epoch = feeds["worker"], feeds["epoch"]
-  lost = layout.parts(state.read_value())["claims"][worker] <= FENCE_MARK
-  last = tf.where(lost, tf.maximum(closed[worker], epoch), closed[worker])
-  with tf.control_dependencies([closed.scatter_nd_update([[worker]], tf.reshape(last, [1]))]):
-    return tf.identity(lost)
-
-
-def _reclaim(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
-  """The reclaim's graph (inside the lock): fence the worker; its unit in flight, if any, goes
-  to position next - 1 (the head of what is left) with next one less, its skip the batches of
-  it that passed the worker's gate. Run twice, the second finds nothing in flight: it changes
-  nothing more."""
-  parts = layout.parts(state.read_value())
-  worker, position = feeds["worker"], parts["next"]
-  count = gated[worker]
-  held = tf.where(tf.equal(count // graph_keys.EPOCH_SHIFT, feeds["epoch"]),
-                  count % graph_keys.EPOCH_SHIFT, tf.constant(0, tf.int64))
-  unit = parts["last"][worker]
-  safe = tf.maximum(unit, 0)
-  back = tf.logical_and(tf.logical_and(unit >= 0, tf.equal(parts["epoch"], feeds["epoch"])),
-                        tf.logical_and(tf.equal(tf.gather(parts["owner"], safe), worker),
-                                       tf.gather(parts["batches"], safe) < 0))
-  skip = tf.maximum(held - tf.gather(parts["first_batch"], safe), 0)
-  at = tf.argmax(tf.cast(tf.equal(parts["order"], unit), tf.int64), output_type=tf.int64)
-  head = tf.maximum(position - 1, 0)
-  swapped = tf.tensor_scatter_nd_update(parts["order"], tf.reshape(tf.stack([head, at]), [2, 1]),
-                                        tf.stack([parts["order"][at], parts["order"][head]]))
-  written = dict(parts)
-  written["order"] = tf.where(back, swapped, parts["order"])
-  written["next"] = tf.where(back, position - 1, position)
-  written["owner"] = _put(parts["owner"], unit, tf.constant(-1, tf.int64), back)
-  written["first_batch"] = _put(parts["first_batch"], unit, tf.constant(0, tf.int64), back)
-  written["skip"] = _put(parts["skip"], unit, skip, back)
-  claims = parts["claims"][worker]
-  written["claims"] = _put(parts["claims"], worker, FENCE_MARK - tf.maximum(claims, 0),
-                           claims > FENCE_MARK)
-  written["last"] = _put(parts["last"], worker, tf.constant(-1, tf.int64), back)
-  header, fields = layout.join(written)
-  old_skip = tf.gather(parts["skip"], safe)
-  none = tf.constant(-1, tf.int64), tf.constant(0, tf.int64), tf.constant(0, tf.int64)
-  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),  # the epoch is the chief's
-            closed.scatter_nd_update([[worker]], tf.reshape(tf.maximum(closed[worker],
-                                                                       feeds["epoch"]), [1]))]
-  with tf.control_dependencies(writes):
-    return tf.stack([tf.where(back, a, b) for a, b in zip((unit, skip, old_skip), none)] +
-                    [held])

@@ -1,0 +1,198 @@
+"""The work queue's elastic runs (hooks.elastic): the gate, the reclaim and the membership.
+
+All run inside the queue's lock, beside its claims (hooks.workqueue.queue_graph):
+  - `gate`: each step of an elastic worker, before its batch reaches the model: counts the
+    batch as the worker's (`gated`), or fails the step of a fenced worker;
+  - the chief's reclaim of a lost worker: fences it and puts its unit in flight back at the
+    head of the queue after the batches of it that passed the worker's gate;
+  - the membership: a relaunched worker's join, against the chief's check at each gather of
+    whether it still arrives for the worker (`closed`): never both for one epoch.
+So a batch counts in the model exactly when it passed the gate, whether its worker froze
+before or after, and a woken or relaunched process never trains a batch twice.
+
+Typical usage (queue_graph.build does it with elastic=True; the input adds the gate):
+  gated, closed, joined_by = (per_worker(name, init) for name, init in VARIABLES)
+  reclaim = reclaim_ops(lock, state, gated, closed, layout)
+  gate_op = gate(queue_ops, worker_id=1, after=take_batch_op)
+"""
+
+import dataclasses
+import functools
+
+import tensorflow as tf
+
+from hooks import graph_keys
+from hooks.errors import FENCED_MARK
+from hooks.workqueue.layout import MAX_WORKERS, Layout
+from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
+
+__all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "VARIABLES",
+           "per_worker", "gate", "reclaim_ops", "membership_ops"]
+
+_v1 = tf.compat.v1
+# The per-worker vectors of an elastic queue (name, initial value).
+VARIABLES = (("epochsync/workqueue/gated", 0), ("epochsync/workqueue/closed", -1),
+             ("epochsync/workqueue/joined_by", 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class MembershipOps:
+  """(Elastic) Who arrives at an epoch's barrier for a lost worker, decided in the queue's lock.
+
+  `closed`: per worker, the last epoch the chief arrives for it (a stand-in; -1 none): the
+  epoch it was lost in and every epoch it is still fenced at the gather. `join` (a relaunched
+  worker, at `epoch`): JOINED lifts its fence if the chief arrives for it at no barrier from
+  `epoch` on, and it arrives itself from then on; NOT_FENCED: the chief has not found its
+  earlier process lost yet; CLOSED: `epoch`'s barrier is the chief's (wait for a later one).
+  `token` (the joining process's, random): a join run again after its answer was lost answers
+  JOINED again.
+  `still_lost` (the chief, at `epoch`'s barrier): whether the worker is still fenced; if so
+  the epoch is closed to its join, and the chief arrives for it."""
+  epoch: tf.Tensor
+  worker: tf.Tensor
+  token: tf.Tensor
+  join: tf.Tensor
+  still_lost: tf.Tensor
+
+
+JOINED, NOT_FENCED, CLOSED = 1, 0, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class ReclaimOps:
+  """The chief's reclaim (elastic): fenced worker `worker`'s unit in flight in `epoch` goes back
+  to the head of the queue after the batches of it that passed the worker's gate. `result`:
+  [the unit (-1: none in flight), its new skip, its skip before (the new minus the old: the
+  lost worker's batches of it in the model), the worker's epoch batches in the model]."""
+  epoch: tf.Tensor
+  worker: tf.Tensor
+  result: tf.Tensor
+
+
+def per_worker(name: str, initial: int) -> tf.Variable:
+  """A per-worker int64 vector of the queue's (VARIABLES), used only inside its lock: `gated`
+  (epoch * EPOCH_SHIFT + the worker's epoch batch count: set by each claim, one more per batch
+  that passed the gate), `closed` and `joined_by` (MembershipOps). In checkpoints like the rest
+  of the state, though each run sets them again (its claims, its reset)."""
+  var = _v1.get_variable(name, [MAX_WORKERS], tf.int64, _v1.constant_initializer(initial),
+                         trainable=False, use_resource=True)
+  _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)
+  return var
+
+
+def gate(ops, worker_id: int, after: tf.Operation) -> tf.Operation:
+  """The op a step of worker `worker_id` runs before its batch reaches the model,
+  after `after` (the step's take of the batch): one run of the lock on ps:0 that counts the
+  batch as the worker's, or, if the chief fenced the worker, fails the step with
+  InvalidArgumentError carrying `errors.FENCED_MARK` (hooks.faults.step_retry turns it into
+  WorkerFencedError). `ops`: the queue's QueueOps, built with elastic=True."""
+  with _v1.device(ops.gated.device), tf.name_scope("epochsync_workqueue_gate"):
+    with tf.control_dependencies([after]):
+      passed = execute_unrecorded(
+          ops.lock, functools.partial(_pass_gate, ops.state_variable, ops.gated, ops.layout,
+                                      worker_id))
+    return tf.debugging.Assert(passed, [tf.constant(
+        f"{FENCED_MARK}: worker id {worker_id}, found lost by the chief")], name="fence")
+
+
+def _pass_gate(state, gated, layout: Layout, worker_id: int) -> tf.Tensor:
+  """The gate's graph (inside the lock): whether worker `worker_id` is not fenced; if not, its
+  gated count rises by one."""
+  passed = layout.parts(state.read_value())["claims"][worker_id] > FENCE_MARK
+  count = gated.scatter_nd_add([[worker_id]], tf.reshape(tf.cast(passed, tf.int64), [1]))
+  with tf.control_dependencies([count]):
+    return tf.identity(passed)
+
+
+def reclaim_ops(lock: tf.CriticalSection, state, gated, closed,
+                 layout: Layout) -> ReclaimOps:
+  feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name) for name in ("epoch", "worker")}
+  result = execute_unrecorded(lock, functools.partial(_reclaim, state, gated, closed, feeds,
+                                                       layout))
+  return ReclaimOps(result=result, **feeds)
+
+
+def membership_ops(lock: tf.CriticalSection, state, vectors,
+                    layout: Layout) -> MembershipOps:
+  feeds = {name: _v1.placeholder(tf.int64, [], "member_" + name)
+           for name in ("epoch", "worker", "token")}
+  join = execute_unrecorded(lock, functools.partial(_join, state, vectors, feeds, layout))
+  still_lost = execute_unrecorded(lock, functools.partial(_still_lost, state, vectors[1],
+                                                           feeds, layout))
+  return MembershipOps(join=join, still_lost=still_lost, **feeds)
+
+
+def _join(state, vectors, feeds, layout: Layout) -> tf.Tensor:
+  """The join's graph (inside the lock): JOINED (the fence lifted, the worker's claims and gated
+  count start at `epoch`; or this token's join already did), NOT_FENCED or CLOSED (nothing
+  changes)."""
+  gated, closed, joined_by = vectors
+  parts = layout.parts(state.read_value())
+  worker, epoch = feeds["worker"], feeds["epoch"]
+  fenced = parts["claims"][worker] <= FENCE_MARK
+  again = tf.logical_and(tf.logical_not(fenced), tf.equal(joined_by[worker], feeds["token"]))
+  open_ = tf.logical_and(closed[worker] < epoch, parts["epoch"] <= epoch)
+  joins = tf.logical_and(fenced, open_)
+  written = dict(parts)
+  written["claims"] = put(parts["claims"], worker, tf.constant(0, tf.int64), joins)
+  written["last"] = put(parts["last"], worker, tf.constant(-1, tf.int64), joins)
+  header, fields = layout.join(written)
+  count = tf.where(joins, epoch * graph_keys.EPOCH_SHIFT, gated[worker])
+  token = tf.where(joins, feeds["token"], joined_by[worker])
+  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),
+            gated.scatter_nd_update([[worker]], tf.reshape(count, [1])),
+            joined_by.scatter_nd_update([[worker]], tf.reshape(token, [1]))]
+  with tf.control_dependencies(writes):
+    return tf.where(tf.logical_or(joins, again), tf.constant(JOINED, tf.int64),
+                    tf.where(fenced, tf.constant(CLOSED, tf.int64),
+                             tf.constant(NOT_FENCED, tf.int64)))
+
+
+def _still_lost(state, closed, feeds, layout: Layout) -> tf.Tensor:
+  """(inside the lock) Whether the worker is still fenced; if so, `epoch` closes to its join."""
+  worker, epoch = feeds["worker"], feeds["epoch"]
+  lost = layout.parts(state.read_value())["claims"][worker] <= FENCE_MARK
+  last = tf.where(lost, tf.maximum(closed[worker], epoch), closed[worker])
+  with tf.control_dependencies([closed.scatter_nd_update([[worker]], tf.reshape(last, [1]))]):
+    return tf.identity(lost)
+
+
+def _reclaim(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
+  """The reclaim's graph (inside the lock): fence the worker; its unit in flight, if any, goes
+  to position next - 1 (the head of what is left) with next one less, its skip the batches of
+  it that passed the worker's gate. Run twice, the second finds nothing in flight: it changes
+  nothing more."""
+  parts = layout.parts(state.read_value())
+  worker, position = feeds["worker"], parts["next"]
+  count = gated[worker]
+  held = tf.where(tf.equal(count // graph_keys.EPOCH_SHIFT, feeds["epoch"]),
+                  count % graph_keys.EPOCH_SHIFT, tf.constant(0, tf.int64))
+  unit = parts["last"][worker]
+  safe = tf.maximum(unit, 0)
+  back = tf.logical_and(tf.logical_and(unit >= 0, tf.equal(parts["epoch"], feeds["epoch"])),
+                        tf.logical_and(tf.equal(tf.gather(parts["owner"], safe), worker),
+                                       tf.gather(parts["batches"], safe) < 0))
+  skip = tf.maximum(held - tf.gather(parts["first_batch"], safe), 0)
+  at = tf.argmax(tf.cast(tf.equal(parts["order"], unit), tf.int64), output_type=tf.int64)
+  head = tf.maximum(position - 1, 0)
+  swapped = tf.tensor_scatter_nd_update(parts["order"], tf.reshape(tf.stack([head, at]), [2, 1]),
+                                        tf.stack([parts["order"][at], parts["order"][head]]))
+  written = dict(parts)
+  written["order"] = tf.where(back, swapped, parts["order"])
+  written["next"] = tf.where(back, position - 1, position)
+  written["owner"] = put(parts["owner"], unit, tf.constant(-1, tf.int64), back)
+  written["first_batch"] = put(parts["first_batch"], unit, tf.constant(0, tf.int64), back)
+  written["skip"] = put(parts["skip"], unit, skip, back)
+  claims = parts["claims"][worker]
+  written["claims"] = put(parts["claims"], worker, FENCE_MARK - tf.maximum(claims, 0),
+                           claims > FENCE_MARK)
+  written["last"] = put(parts["last"], worker, tf.constant(-1, tf.int64), back)
+  header, fields = layout.join(written)
+  old_skip = tf.gather(parts["skip"], safe)
+  none = tf.constant(-1, tf.int64), tf.constant(0, tf.int64), tf.constant(0, tf.int64)
+  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),  # the epoch is the chief's
+            closed.scatter_nd_update([[worker]], tf.reshape(tf.maximum(closed[worker],
+                                                                       feeds["epoch"]), [1]))]
+  with tf.control_dependencies(writes):
+    return tf.stack([tf.where(back, a, b) for a, b in zip((unit, skip, old_skip), none)] +
+                    [held])
