@@ -110,7 +110,7 @@ class WorkQueueError(EpochSyncError):
   other counts than its worker trained or than its records; the message names each."""
 
 
-# In the message of the step that a fenced worker's gate failed (hooks.workqueue.queue_graph).
+# In the message of the step that a fenced worker's gate failed (hooks.workqueue.elastic_graph).
 FENCED_MARK = "epochsync: this worker is fenced"
 
 

@@ -17,7 +17,7 @@ from hooks import log as logging
 from hooks.errors import ConfigError
 from hooks.data.passes import PassEnd, PassSource, PassStart
 from hooks.workqueue.claims import Claim, UnitClaims
-from hooks.workqueue import queue_graph
+from hooks.workqueue import elastic_graph
 from hooks.workqueue.queue_graph import ANY, NONE
 from hooks.workqueue.replay import UnitReplay
 from hooks.workqueue.units import WorkUnit
@@ -45,9 +45,9 @@ class UnitPasses(PassSource):
     self.taken_back: Dict[int, Dict[int, Tuple[int, int]]] = {}
 
   def batch_gate(self, after: tf.Operation) -> Optional[tf.Operation]:
-    """(Elastic) The queue's gate that each step's batch passes (hooks.workqueue.queue_graph)."""
+    """(Elastic) The queue's gate that each step's batch passes (hooks.workqueue.elastic_graph)."""
     ops = self.claims.ops
-    return None if ops.gated is None else queue_graph.gate(ops, self.claims.worker_id, after)
+    return None if ops.gated is None else elastic_graph.gate(ops, self.claims.worker_id, after)
 
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     self.trained.setdefault(epoch, [])
