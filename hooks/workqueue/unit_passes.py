@@ -45,7 +45,7 @@ class UnitPasses(PassSource):
     self.taken_back: Dict[int, Dict[int, Tuple[int, int]]] = {}
 
   def batch_gate(self, after: tf.Operation) -> Optional[tf.Operation]:
-    """(Elastic) The queue's gate that each step's batch passes (hooks.workqueue.elastic_graph)."""
+    """(Elastic) The gate each step's batch passes (hooks.workqueue.elastic_graph)."""
     ops = self.claims.ops
     return None if ops.gated is None else elastic_graph.gate(ops, self.claims.worker_id, after)
 
