@@ -89,7 +89,9 @@ STEP_TIMEOUT_SECS = _define_secs(
     "epochsync_step_timeout_secs", _DEFAULTS.step_timeout_secs,
     "Seconds one synchronous step may wait for gradients or its token while no task makes "
     "progress (a save of the chief counts as progress) before raising; in asynchronous "
-    "training, seconds one step may stay in session.run before its process ends (exit 1).")
+    "training, seconds one step may stay in session.run before its process ends (exit 1); "
+    "with --epochsync_elastic, seconds a worker may answer no probe before the chief treats "
+    "it as lost (frozen).")
 WARN_AFTER_SECS = _define_secs(
     "epochsync_warn_after_secs", _DEFAULTS.warn_after_secs,
     "A wait whose tasks made no progress for longer than this logs a WARNING naming them; "

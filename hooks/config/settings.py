@@ -36,7 +36,8 @@ class EpochSyncSettings:
       tasks it waits for (docs/mts.md), > 0.
     startup_timeout_secs: `float` deadline for every task to come up, > 0.
     step_timeout_secs: `float` longest wait of one synchronous step without progress, and
-      longest asynchronous step (hooks.faults.stuck_step), > 0.
+      longest asynchronous step (hooks.faults.stuck_step), > 0; with `elastic`, the longest a
+      worker may answer no probe before the chief treats it as lost.
     warn_after_secs: `float` a wait logs a WARNING after this long; > 0, < barrier_timeout_secs.
     log_every_secs: `float` period of the "still waiting" INFO lines, >= 0.001.
     progress_secs: `float` period of a worker's progress line within a long epoch, > 0.
