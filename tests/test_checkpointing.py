@@ -176,11 +176,12 @@ class TestGraphFiles:
     saver = v1.train.Saver()
     save = ChiefSaveAfterBarrierHook(barrier, str(tmp_path), saver=saver)
     save.begin()
+    init = v1.global_variables_initializer()  # before the writer: it serializes the graph
     with v1.Session() as sess:
       save.after_create_session(sess, None)
       assert not os.path.exists(tmp_path / "graph.pbtxt")  # nothing on the start-up path
       save.before_run(None)  # the first step starts the writer; the first save waits for it
-      sess.run(v1.global_variables_initializer())
+      sess.run(init)
       save._save(sess, 0, {})  # pylint: disable=protected-access
       assert os.path.exists(tmp_path / "graph.pbtxt")
       assert glob.glob(str(tmp_path / "events.out.tfevents.*"))
