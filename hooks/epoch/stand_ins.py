@@ -38,8 +38,8 @@ class StandIns:
   def __init__(self, run_stand_in: Callable[[object, int, int, int], bool],
                worker_names: Sequence[str], task_name: str):
     self._run, self._names, self._task = run_stand_in, list(worker_names), task_name
-    self._lost: Dict[int, Tuple[int, int]] = {}  # worker id -> (epoch, batches in the model)
-    self._still_lost: Dict[int, Optional[Callable[[object, int, int], bool]]] = {}
+    # worker id -> (epoch, batches in the model, still_lost or None)
+    self._lost: Dict[int, Tuple[int, int, Optional[Callable[[object, int, int], bool]]]] = {}
     self._gathering: Optional[Wait] = None
     self._lock = threading.Lock()
 
@@ -49,8 +49,7 @@ class StandIns:
     at every barrier from now on, now if one is being gathered, while `still_lost(session,
     worker_id, epoch)` says so (None: always)."""
     with self._lock:
-      self._lost[worker_id] = (epoch, batches)
-      self._still_lost[worker_id] = still_lost
+      self._lost[worker_id] = (epoch, batches, still_lost)
       if self._gathering is not None:
         self._arrive_for(session, worker_id, self._gathering)
 
@@ -75,13 +74,12 @@ class StandIns:
         self._gathering = None
 
   def _arrive_for(self, session, worker_id: int, wait: Wait) -> None:
-    still_lost = self._still_lost[worker_id]
+    epoch, batches, still_lost = self._lost[worker_id]
     if still_lost is not None and not still_lost(session, worker_id, wait.epoch):
-      del self._lost[worker_id], self._still_lost[worker_id]
+      del self._lost[worker_id]
       logging.info("%s rejoined the job: it arrives itself at %s of epoch %d",
                    self._names[worker_id], wait.barrier, wait.epoch)
       return
-    epoch, batches = self._lost[worker_id]
     batches = batches if (epoch, wait.barrier) == (wait.epoch, "epoch_end") else 0
     if self._run(session, worker_id, batches, wait.seq):
       logging.info("%s arrives at %s of epoch %d for %s, which is lost", self._task,

@@ -155,7 +155,8 @@ class StuckStepWatchdog:
   def _run(self, stop: threading.Event) -> None:
     polled = time.monotonic()
     while not stop.wait(self._poll_secs):
-      polled, gap = time.monotonic(), time.monotonic() - polled - self._poll_secs
+      now = time.monotonic()
+      gap, polled = now - polled - self._poll_secs, now
       if gap >= _FROZEN_GAP_SECS:
         self._restart_clock(gap)
       waited = self._lost()
