@@ -24,7 +24,7 @@ Typical usage (hooks.session.wiring does it on the chief with --epochsync_elasti
 """
 
 import threading
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -52,14 +52,18 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     stalled_after_secs: `float`, a worker that answers no probe for this long is lost too
       (frozen: SIGSTOP, a long pause, a partition); --epochsync_step_timeout_secs.
     period_secs: `float`, how often the workers are probed.
+    on_lost: `(session, worker_id) -> None`, after the reclaim (synchronous: the chief sends
+      the marker the lost worker owes; hooks.session.elastic_sync).
   """
 
   def __init__(self, queue: UnitPasses, barrier, monitor: LivenessMonitor,
                worker_names: Sequence[str], stalled_after_secs: float,
-               period_secs: float = PERIOD_SECS):
+               period_secs: float = PERIOD_SECS,
+               on_lost: Optional[Callable[[Any, int], None]] = None):
     self._queue, self._barrier, self._monitor = queue, barrier, monitor
     self._names, self._period = list(worker_names), period_secs
     self._stalled_after = stalled_after_secs
+    self._on_lost = on_lost
     self._lost: set = set()
     self._rejoined: set = set()  # probed as known up: a rejoined process that is down is lost
     self._stop = threading.Event()
@@ -131,6 +135,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
         session, ops.result, {ops.epoch: epoch, ops.worker: worker_id}, what))
     if unit >= 0:
       self._queue.taken_back.setdefault(epoch, {})[unit] = (worker_id, skip - old_skip)
+    if self._on_lost is not None:  # (synchronous) the marker the fenced worker owes
+      self._on_lost(session, worker_id)
     self._barrier.lose(session, worker_id, epoch, held, self._still_lost)
     left = len(self._names) - 1 - len(self._lost)
     what = (f"its unit {unit} ({self._queue.units[unit]}) goes back to the queue after the "

@@ -33,6 +33,7 @@ from hooks.faults.recovery_guard import RecoveryGuardHook
 from hooks.faults.step_watch import StepWatch
 from hooks.faults.stuck_step import LOST_AFTER_SECS, StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
+from hooks.session import elastic_sync
 from hooks.config.settings import EpochSyncSettings
 from hooks.elastic import FenceCheckHook, LostWorkerWatch, rejoin_fn
 from hooks.errors import ConfigError
@@ -99,9 +100,12 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
       audit_dir=model_dir, liveness=monitor)
   queue = _wire_work_queue(config, epoch_input, monitor, barrier)
+  on_lost = None
   if settings.elastic:  # Only the chief acts on a lost worker; no task waits for another worker.
     _check_elastic(queue, settings, sync_hook)
     monitor.expendable = frozenset(config.worker_names[1:])
+    if sync_hook is not None:
+      on_lost = elastic_sync.wire(queue, sync_hook, settings.step_timeout_secs)
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   rejoin = (rejoin_fn(queue, barrier) if settings.elastic and not config.is_chief else None)
@@ -140,7 +144,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   hooks += [done, barrier, resume]
   if settings.elastic and config.is_chief:
     hooks.append(LostWorkerWatch(queue, barrier, monitor, worker_names=config.worker_names,
-                                 stalled_after_secs=settings.step_timeout_secs))
+                                 stalled_after_secs=settings.step_timeout_secs,
+                                 on_lost=on_lost))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))
@@ -166,16 +171,26 @@ def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: An
 
 def _check_elastic(queue: Optional[UnitPasses], settings: EpochSyncSettings,
                    sync_hook: Any) -> None:
-  """Elastic training takes a lost worker's unit back: it needs a work queue, and for now
-  asynchronous training (docs/elastic.md)."""
+  """Elastic training takes a lost worker's unit back: it needs a work queue, built for the
+  job's kind of training (docs/elastic.md)."""
   if queue is None:
     raise ConfigError("--epochsync_elastic needs a work queue: a lost worker's unit goes back to "
                       "it. Build the input with hooks.workqueue.work_queue_input (or "
                       "estimator_ext.work_units), or turn elastic off")
-  if settings.sync or sync_hook is not None:
-    raise ConfigError("--epochsync_elastic works with asynchronous training only so far "
-                      "(--epochsync_sync=false, no sync optimizer): a synchronous step would wait "
-                      "for the lost worker; turn elastic off for synchronous training")
+  synchronous = sync_hook is not None
+  if synchronous != bool(settings.sync):
+    raise ConfigError(
+        f"--epochsync_elastic with --epochsync_sync={str(settings.sync).lower()} but "
+        f"{'a' if synchronous else 'no'} sync optimizer: the work queue (built from the "
+        "settings) and the training must agree; pass the same settings to the input and the "
+        "hooks, and a sync optimizer exactly when --epochsync_sync is true")
+  if synchronous and not getattr(getattr(sync_hook, "optimizer", None), "sync_ops", None):
+    raise ConfigError("--epochsync_elastic: build the sync optimizer's train_op (minimize) "
+                      "before the hooks")
+  if synchronous and sync_hook.optimizer.sync_ops.idle_op is None:
+    raise ConfigError("--epochsync_elastic with a sync optimizer built before the work queue "
+                      "input: build the input first (hooks.workqueue.work_queue_input), then "
+                      "the model and its optimizer, with the same settings")
 
 
 def _stuck_step_watchdog(config: ClusterConfig, settings: EpochSyncSettings,

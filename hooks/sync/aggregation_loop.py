@@ -33,6 +33,7 @@ from hooks.faults.process_exit import exit_process
 from hooks.faults.step_runner import leave_behind
 from hooks.faults.stuck_step import LOST_AFTER_SECS, MAX_LOST
 from hooks.faults.waiting import run_options
+from hooks.sync.elastic_steps import IDLE_ROUND
 
 __all__ = ["AggregationLoop"]
 
@@ -87,6 +88,8 @@ class AggregationLoop:
         if grads is _STALE:
           return
         self._phase = _AGGREGATE
+        if grads == IDLE_ROUND:  # (elastic) IDLE markers only: nothing applied, no step.
+          continue
         if grads < 0:
           logging.info("%s: aggregation stopped after %d updates", self.task_name,
                        self.num_updates)

@@ -42,9 +42,11 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks.errors import ConfigError
 from hooks.sync.arguments import resolve_optimizer_arguments
-from hooks.sync import step_graph
+from hooks.sync import elastic_steps, step_graph
 from hooks.sync.aggregation_graph import DONE, GRAD, STOP, aggregate_op, reset_op
+from hooks.sync.elastic_aggregation import elastic_aggregate_op
 from hooks.sync.tokens import SafeSyncTokensHook
+from hooks.workqueue import elastic_graph
 
 __all__ = ["WorkerDoneSyncReplicasOptimizer", "DelegatingOptimizer", "SyncOps", "GRAD", "DONE",
            "STOP", "ABORT_TOKEN"]
@@ -75,6 +77,9 @@ class SyncOps:
   aggregate_and_store_op: Optional[tf.Operation] = None  # aggregate_op, kept on the ps.
   last_aggregate: Optional[tf.Tensor] = None  # What the last aggregate_and_store_op returned.
   aggregations_begun: Optional[tf.Variable] = None  # Aggregation runs started on every ps.
+  # (Elastic: an elastic work queue in the graph; hooks.sync.elastic_steps.)
+  idle_op: Optional[tf.Tensor] = None  # A worker whose claim waits: a step without a batch.
+  lost_marker: Any = None  # The chief: (worker id feed, the op sending that lost one's marker).
 
 
 class DelegatingOptimizer(_v1.train.Optimizer):
@@ -189,27 +194,48 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     n_workers, wid = self._num_workers, self._worker_id
     local_step = step_graph.local_step(self._name, step.dtype.base_dtype)
     state = step_graph.ps_state(self._name, n_workers, step)
+    queue = elastic_graph.registered()  # An elastic work queue: a lost worker is no stop.
+    elastic = (None if queue is None else
+               elastic_steps.ElasticSteps(queue, state.markers, step, n_workers))
     with tf.name_scope(self._name):
-      applies, accums = step_graph.accumulate(grads_and_vars, self._name, self._divide_by_initial,
-                                              local_step)
-      worker = step_graph.worker_ops(state, wid, step, local_step, applies, name)
+      if elastic is None:
+        applies, accums = step_graph.accumulate(grads_and_vars, self._name,
+                                                self._divide_by_initial, local_step)
+      else:
+        applies, queues = elastic.gradient_queues(grads_and_vars, self._name, local_step, wid)
+        accums = []
+      worker = step_graph.worker_ops(state, wid, step, local_step, applies, name, elastic)
       train_op, done_op, refresh, hook_started = (worker.train_op, worker.done_op,
                                                   worker.refresh, worker.hook_started)
       with tf.device(step.device):  # In no collection: only the chief_init_op sets it.
         begun = _v1.Variable(0, dtype=tf.int64, trainable=False, collections=[],
                              name="aggregations_begun")
-      aggregate = aggregate_op(self._opt, n_workers, self._divide_by_initial, state.num_active,
-                               state.markers, state.tokens, accums, step, extra_step, begun)
+      if elastic is None:
+        aggregate = aggregate_op(self._opt, n_workers, self._divide_by_initial,
+                                 state.num_active, state.markers, state.tokens, accums, step,
+                                 extra_step, begun)
+      else:
+        aggregate = elastic_aggregate_op(self._opt, elastic, n_workers, self._divide_by_initial,
+                                         state, queues, step, extra_step, begun)
       with tf.device(step.device):  # In no collection: only the chief_init_op sets it.
         last = _v1.Variable(0, dtype=aggregate.dtype, trainable=False, collections=[],
                             name="last_aggregate")
         store = last.assign(aggregate).op
         last_read = tf.identity(last)
       chief_init = tf.group([worker.local_step_init, state.num_active.initializer,
-                             last.initializer, begun.initializer] + [a.set_global_step(step) for a, _ in accums])
+                             last.initializer, begun.initializer] +
+                            [a.set_global_step(step) for a, _ in accums] +
+                            ([elastic.init] if elastic else []))
       stop, close, count_epoch, diagnostics, abort_step = step_graph.control_ops(state, wid, step)
       reset = reset_op(state.markers, state.tokens, accums, state.progress,
                        step_graph.PROGRESS_ACTIVE)
+      lost_marker = None
+      if elastic is not None:  # Each epoch's start owes every worker's marker (lost: sent).
+        with tf.control_dependencies([elastic.epoch_start(step)]):
+          count_epoch = tf.identity(count_epoch, name="count_epoch_elastic")
+        reset = tf.group(reset, *elastic.drain(queues))
+        lost_worker = _v1.placeholder(tf.int64, [], "lost_worker")
+        lost_marker = (lost_worker, elastic.lost_marker(lost_worker))
     completed_epochs = state.completed_epochs
     _v1.add_to_collection(graph_keys.DONE_OPS, done_op)
     _v1.add_to_collection(graph_keys.RESET_OPS, reset)
@@ -219,7 +245,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     _v1.add_to_collection(graph_keys.SYNC_TRAIN_OPS, train_op)
     self.sync_ops = SyncOps(train_op, done_op, refresh, hook_started, chief_init, aggregate,
                             stop, close, diagnostics, completed_epochs, step, abort_step,
-                            count_epoch, store, last_read, begun)
+                            count_epoch, store, last_read, begun, worker.idle_op, lost_marker)
     return train_op
 
   def _own_step(self, global_step):

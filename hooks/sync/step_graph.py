@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from hooks import graph_keys
 from hooks.sync.aggregation_graph import DONE, GRAD, STOP
+from hooks.sync.elastic_steps import IDLE
 
 __all__ = ["ABORT_TOKEN", "PROGRESS_ACTIVE", "PROGRESS_DONE", "PsState", "WorkerOps",
            "local_step", "ps_state", "accumulate", "worker_ops", "control_ops"]
@@ -47,6 +48,7 @@ class WorkerOps:
   hook_started: tf.Operation
   done_op: tf.Operation
   refresh: tf.Operation
+  idle_op: Optional[tf.Tensor] = None  # (elastic) a step without a batch: an IDLE marker
 
 
 def local_step(name: str, dtype) -> tf.Variable:
@@ -105,8 +107,10 @@ def accumulate(grads_and_vars, name: str, divide_by_initial: bool, local: tf.Var
 
 
 def worker_ops(state: PsState, wid: int, step: tf.Variable, local: tf.Variable,
-               applies: Sequence[Any], name: Optional[str]) -> WorkerOps:
-  """Worker `wid`'s step (GRAD marker, gradients, then its token), DONE marker and refresh."""
+               applies: Sequence[Any], name: Optional[str], elastic: Any = None) -> WorkerOps:
+  """Worker `wid`'s step (GRAD marker, gradients, then its token), DONE marker and refresh;
+  with `elastic` (hooks.sync.elastic_steps.ElasticSteps) its markers go through the work
+  queue's lock, the GRAD one after the gradients, and an IDLE step is built too."""
   dev = step.device
   # The GRAD marker does not wait for the gradients: the chief's take_grad(g) waits for each
   # variable's, so it applies every variable as soon as its g gradients are in, as stock does.
@@ -114,7 +118,10 @@ def worker_ops(state: PsState, wid: int, step: tf.Variable, local: tf.Variable,
   with tf.device(dev):
     worker = tf.constant(wid, name="worker_id")  # The marker's id and progress' index.
     sent_step = tf.cast(local, tf.int64)  # ps:0 receives it once per step.
-    grad_marked = state.markers.enqueue((worker, GRAD, sent_step))
+    if elastic is None:
+      grad_marked = state.markers.enqueue((worker, GRAD, sent_step))
+    else:  # A marker means every gradient of the step is in (hooks.sync.elastic_steps).
+      grad_marked = elastic.marker(wid, GRAD, local, after=applies)
     # After the step's batch is taken (EpochInput's gate): never in a step TensorFlow rejected.
     _v1.add_to_collection(graph_keys.STEP_START_OPS, grad_marked)
     with tf.control_dependencies(applies):
@@ -125,13 +132,20 @@ def worker_ops(state: PsState, wid: int, step: tf.Variable, local: tf.Variable,
   local_step_init = local.assign(step)
   hook_started = tf.group(local_step_init, name="hook_started")
   with tf.device(dev):
-    done_op = tf.group(state.markers.enqueue((wid, DONE, tf.cast(local, tf.int64))),
-                       _v1.scatter_update(state.progress, [wid],
-                                          [tf.constant(PROGRESS_DONE, tf.int64)]), name="done")
+    done_marked = (state.markers.enqueue((wid, DONE, tf.cast(local, tf.int64)))
+                   if elastic is None else elastic.marker(wid, DONE, local))
+    done_op = tf.group(done_marked, _v1.scatter_update(state.progress, [wid],
+                                                       [tf.constant(PROGRESS_DONE, tf.int64)]),
+                       name="done")
     active = _v1.scatter_update(state.progress, [wid],
                                 [tf.constant(PROGRESS_ACTIVE, tf.int64)])
   refresh = tf.group(local_step_init, active, name="refresh_local_step")
-  return WorkerOps(train_op, local_step_init, hook_started, done_op, refresh)
+  idle_op = None
+  if elastic is not None:  # No batch now (its claim waits): stays in the steps without one.
+    with tf.control_dependencies([elastic.marker(wid, IDLE, local)]), tf.device(dev):
+      idle_token = state.tokens[wid].dequeue()
+    idle_op = local.assign(idle_token, name="idle_step")
+  return WorkerOps(train_op, local_step_init, hook_started, done_op, refresh, idle_op)
 
 
 def control_ops(state: PsState, wid: int, step: tf.Variable) -> Tuple[Any, ...]:

@@ -62,6 +62,11 @@ class SafeSyncTokensHook(_v1.train.SessionRunHook):
   """
 
   @property
+  def optimizer(self) -> Any:
+    """The WorkerDoneSyncReplicasOptimizer this hook serves."""
+    return self._opt
+
+  @property
   def sync_train_op(self):
     """The optimizer's train_op whose tokens this hook serves (None before minimize)."""
     return self._opt.sync_ops.train_op if self._opt.sync_ops else None

@@ -56,6 +56,9 @@ class UnitClaims:
     self._token = random.SystemRandom().getrandbits(62) + 1  # this process's joins (elastic)
     self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
+    # (Elastic, synchronous) `(session) -> None` between two claims that answered WAIT: the
+    # worker's step without a batch, which keeps the others' steps going (it paces the claims).
+    self.while_waiting = None
 
   @property
   def worker_id(self) -> int:
@@ -101,7 +104,10 @@ class UnitClaims:
             "flight on other workers to end or come back, and none did: check the other "
             "workers' logs (a stuck worker?), or raise --epochsync_claim_timeout_secs if a "
             "unit takes longer", ["ps:0"])
-      time.sleep(_WAIT_POLL_SECS)
+      if self.while_waiting is None:
+        time.sleep(_WAIT_POLL_SECS)
+      else:
+        self.while_waiting(session)
       answer = self._claim_once(session, epoch, at_batch, None, wanted)
     return answer
 

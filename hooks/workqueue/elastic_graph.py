@@ -18,6 +18,7 @@ Typical usage (queue_graph.build does it with elastic=True; the input adds the g
 
 import dataclasses
 import functools
+import weakref
 
 import tensorflow as tf
 
@@ -27,7 +28,8 @@ from hooks.workqueue.layout import MAX_WORKERS, Layout
 from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 
 __all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "VARIABLES",
-           "per_worker", "gate", "reclaim_ops", "membership_ops"]
+           "per_worker", "gate", "admit", "fenced", "register", "registered", "reclaim_ops",
+           "membership_ops"]
 
 _v1 = tf.compat.v1
 # The per-worker vectors of an elastic queue (name, initial value).
@@ -80,6 +82,38 @@ def per_worker(name: str, initial: int) -> tf.Variable:
   return var
 
 
+# The elastic queue of each graph, for a synchronous optimizer built after it (hooks.sync). Not
+# a graph collection: every checkpoint save exports the meta graph, and would warn about it.
+_QUEUES: "weakref.WeakKeyDictionary[tf.Graph, object]" = weakref.WeakKeyDictionary()
+
+
+def register(ops) -> None:
+  """Makes `ops` (an elastic queue's QueueOps) the current graph's elastic queue."""
+  _QUEUES[_v1.get_default_graph()] = ops
+
+
+def registered():
+  """The current graph's elastic queue (its QueueOps), or None."""
+  return _QUEUES.get(_v1.get_default_graph())
+
+
+def admit(ops, worker_id, count: bool = True) -> tf.Tensor:
+  """(Inside the queue's lock) Whether worker `worker_id` is not fenced; with `count`, its gated
+  count rises by one if so. A synchronous step's marker is admitted this way (hooks.sync)."""
+  passed = ops.layout.parts(ops.state_variable.read_value())["claims"][worker_id] > FENCE_MARK
+  if not count:
+    return passed
+  delta = tf.reshape(tf.cast(passed, tf.int64), [1])
+  with tf.control_dependencies([ops.gated.scatter_nd_add([[worker_id]], delta)]):
+    return tf.identity(passed)
+
+
+def fenced(ops, num_workers: int) -> tf.Tensor:
+  """(Inside the queue's lock) Per worker id < num_workers, whether the chief fenced it."""
+  claims = ops.layout.parts(ops.state_variable.read_value())["claims"]
+  return claims[:num_workers] <= FENCE_MARK
+
+
 def gate(ops, worker_id: int, after: tf.Operation) -> tf.Operation:
   """The op a step of worker `worker_id` runs before its batch reaches the model,
   after `after` (the step's take of the batch): one run of the lock on ps:0 that counts the
@@ -88,20 +122,9 @@ def gate(ops, worker_id: int, after: tf.Operation) -> tf.Operation:
   WorkerFencedError). `ops`: the queue's QueueOps, built with elastic=True."""
   with _v1.device(ops.gated.device), tf.name_scope("epochsync_workqueue_gate"):
     with tf.control_dependencies([after]):
-      passed = execute_unrecorded(
-          ops.lock, functools.partial(_pass_gate, ops.state_variable, ops.gated, ops.layout,
-                                      worker_id))
+      passed = execute_unrecorded(ops.lock, functools.partial(admit, ops, worker_id))
     return tf.debugging.Assert(passed, [tf.constant(
         f"{FENCED_MARK}: worker id {worker_id}, found lost by the chief")], name="fence")
-
-
-def _pass_gate(state, gated, layout: Layout, worker_id: int) -> tf.Tensor:
-  """The gate's graph (inside the lock): whether worker `worker_id` is not fenced; if not, its
-  gated count rises by one."""
-  passed = layout.parts(state.read_value())["claims"][worker_id] > FENCE_MARK
-  count = gated.scatter_nd_add([[worker_id]], tf.reshape(tf.cast(passed, tf.int64), [1]))
-  with tf.control_dependencies([count]):
-    return tf.identity(passed)
 
 
 def reclaim_ops(lock: tf.CriticalSection, state, gated, closed,

@@ -23,7 +23,7 @@ from hooks.config import flags as epochsync_flags
 from hooks.config.settings import EpochSyncSettings
 from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError, raise_if_problems
-from hooks.workqueue import queue_graph
+from hooks.workqueue import elastic_graph, queue_graph
 from hooks.workqueue.claims import UnitClaims
 from hooks.workqueue.replay import UnitReplay
 from hooks.workqueue.unit_passes import UnitPasses
@@ -88,9 +88,14 @@ class WorkQueueSpec:
       cardinality = (probe, batches_of(probe).cardinality())
     ops = queue_graph.build(len(units), num_workers, seed, shuffle, ps_device, fingerprint(units),
                             elastic=settings.elastic)
+    # Elastic: an asynchronous step's batch passes the queue's gate; a synchronous step's
+    # marker does instead, in the sync optimizer built after this (hooks.sync.elastic_steps).
+    gate_batches = settings.elastic and not settings.sync
+    if settings.elastic and settings.sync:
+      elastic_graph.register(ops)
     claims = UnitClaims(ops, worker_id, task_name, timeout)
     passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality,
-                        self.replay)
+                        self.replay, gate_batches=gate_batches)
     return EpochInput(dataset, num_epochs, task_name, passes=passes)
 
 

@@ -33,7 +33,8 @@ class UnitPasses(PassSource):
   def __init__(self, claims: UnitClaims, unit_feed: Any, units: Sequence[WorkUnit],
                task_name: str, records_are_examples: bool = True,
                cardinality: Optional[Tuple[Any, Any]] = None,
-               replay: Optional[UnitReplay] = None):
+               replay: Optional[UnitReplay] = None, gate_batches: bool = True):
+    self._gate_batches = gate_batches  # (elastic) False: a synchronous step's marker is gated
     self.claims, self._feed, self.units, self.task_name = claims, unit_feed, units, task_name
     self._replay, self._replayed = replay, None  # The units this worker takes this epoch.
     self.records_are_examples = records_are_examples
@@ -47,7 +48,9 @@ class UnitPasses(PassSource):
   def batch_gate(self, after: tf.Operation) -> Optional[tf.Operation]:
     """(Elastic) The gate each step's batch passes (hooks.workqueue.elastic_graph)."""
     ops = self.claims.ops
-    return None if ops.gated is None else elastic_graph.gate(ops, self.claims.worker_id, after)
+    if ops.gated is None or not self._gate_batches:
+      return None
+    return elastic_graph.gate(ops, self.claims.worker_id, after)
 
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     self.trained.setdefault(epoch, [])

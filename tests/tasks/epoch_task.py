@@ -17,9 +17,14 @@
                                     rejected on this task whose cancellation the others never
                                     got); the step's run again is normal
   --lose_aggregation=4              the chief's 4th aggregation run is lost the same way
+  --record_steps_dir=/tmp/steps     (synchronous) each worker appends a line per step to
+                                    steps-worker-N.jsonl: the epoch and the step its batch went
+                                    into (the token less one), for the oracle of an elastic job
 """
 
 import faulthandler
+import json
+import os
 import signal
 import threading
 import time
@@ -29,6 +34,7 @@ from absl import flags
 import tensorflow as tf
 
 from examples import train
+from hooks import graph_keys
 from hooks.data.epoch_input import EpochListener
 
 _STEP_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.0, "Sleep after every step.")
@@ -49,6 +55,8 @@ _LOSE_STEP = flags.DEFINE_integer("lose_step", 0, "--hang_worker's step (from 1)
 _LOSE_AGGREGATION = flags.DEFINE_integer("lose_aggregation", 0, "The chief's aggregation run "
                                          "(from 1) that is lost: never returns, runs nothing.")
 _HANG_STEP = flags.DEFINE_integer("hang_step", 5, "Which step of --hang_worker hangs (from 1).")
+_RECORD_STEPS = flags.DEFINE_string("record_steps_dir", "", "Where each worker records the "
+                                    "synchronous step of each of its batches.")
 _RESTORE_SLEEP = flags.DEFINE_float("restore_sleep_secs", 0.0,
                                     "Each checkpoint restore takes this much longer.")
 
@@ -155,6 +163,30 @@ def _lose_an_aggregation(number: int) -> None:
   aggregation_loop.AggregationLoop._run = losing_run  # pylint: disable=protected-access
 
 
+class _RecordSteps(tf.compat.v1.train.SessionRunHook):
+  """Appends {"epoch", "step"} per synchronous step: the step the batch went into."""
+
+  def __init__(self, epoch_input, path: str):
+    self._epoch, self._path = epoch_input.epoch_tensor, path
+
+  def begin(self):
+    self._train = tf.compat.v1.get_collection(graph_keys.SYNC_TRAIN_OPS)[0]
+    self._file = open(self._path, "a")
+
+  def before_run(self, run_context):
+    fetches = tf.nest.flatten(run_context.original_args.fetches)
+    if not any(getattr(f, "name", None) == self._train.name for f in fetches):
+      return None
+    return tf.compat.v1.train.SessionRunArgs({"token": self._train, "epoch": self._epoch})
+
+  def after_run(self, run_context, run_values):
+    if run_values.results:
+      row = {"epoch": int(run_values.results["epoch"]),
+             "step": int(run_values.results["token"]) - 1}
+      self._file.write(json.dumps(row) + "\n")
+      self._file.flush()
+
+
 class _DelayBegin(tf.compat.v1.train.SessionRunHook):
   """Sleeps in begin(): after the graph and the server exist, before the session is created."""
 
@@ -175,6 +207,9 @@ def _extra_hooks(config, epoch_input):
       hooks.append(_HangStep())
   if config.worker_id == _STALL_WORKER.value:
     epoch_input.add_listener(_Stall())
+  if _RECORD_STEPS.value:
+    path = os.path.join(_RECORD_STEPS.value, f"steps-worker-{config.worker_id}.jsonl")
+    hooks.append(_RecordSteps(epoch_input, path))
   return hooks
 
 

@@ -1,0 +1,56 @@
+"""Wires a synchronous elastic job: the sync optimizer's IDLE steps and lost markers.
+
+With an elastic work queue the sync optimizer builds its markers in the queue's lock
+(hooks.sync.elastic_steps). Two callbacks join it to the rest: a worker whose claim answers
+WAIT runs IDLE steps between its claims (the others' steps go on), and the chief, after it
+took a lost worker's unit back, sends the marker the worker owes (hooks.elastic.LostWorkerWatch).
+
+Typical usage (hooks.session.wiring, with --epochsync_elastic and a sync optimizer):
+  on_lost = wire(queue, sync_hook, settings)
+  watch = LostWorkerWatch(queue, barrier, monitor, ..., on_lost=on_lost)
+"""
+
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from hooks.errors import ConfigError, StepTimeoutError
+from hooks.faults import step_retry
+from hooks.faults.waiting import run_options
+from hooks.workqueue.unit_passes import UnitPasses
+
+__all__ = ["wire"]
+
+_RUN_TIMEOUT_SECS = 60.0  # the lost marker waits for nothing but the queue's lock
+
+
+def wire(queue: UnitPasses, sync_hook: Any, step_timeout_secs: float
+         ) -> Callable[[Any, int], None]:
+  """Sets this worker's IDLE steps; returns the chief's `on_lost(session, worker_id)`."""
+  hooks = getattr(sync_hook, "hooks", [sync_hook])
+  if len(hooks) != 1:
+    raise ConfigError(f"--epochsync_elastic takes one sync optimizer, not {len(hooks)}: each "
+                      "would count a step's batch; train the model asynchronously "
+                      "(--epochsync_sync=false), or turn elastic off")
+  opt = hooks[0].optimizer
+  task = queue.task_name
+
+  def idle(session) -> None:
+    ops = opt.sync_ops
+    try:
+      session.run(ops.idle_op, options=run_options(step_timeout_secs))
+    except tf.errors.DeadlineExceededError as e:
+      raise StepTimeoutError(
+          f"{task} waited {step_timeout_secs:.0f} s in a step without a batch (its claim "
+          "waits for a unit in flight) and the step never ended: the chief's aggregation is "
+          "stuck; check the chief's log, or raise --epochsync_step_timeout_secs",
+          [opt.worker_names[0]]) from e
+
+  def on_lost(session, worker_id: int) -> None:
+    feed, op = opt.sync_ops.lost_marker
+    step_retry.run_rerunnable(
+        lambda: session.run(op, {feed: worker_id}, options=run_options(_RUN_TIMEOUT_SECS)),
+        "the lost worker's marker", opt.worker_names[0])
+
+  queue.claims.while_waiting = idle
+  return on_lost

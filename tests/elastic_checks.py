@@ -1,0 +1,74 @@
+"""Shared by the elastic cluster tests: waiting for a log line, a kill inside a unit, and the
+steps of a synchronous elastic job as its workers recorded them (tests/tasks/epoch_task.py
+--record_steps_dir), for the oracle (cluster_checks.steps_sgd)."""
+
+import json
+import os
+import re
+import signal
+import time
+from typing import Dict, List, Sequence, Tuple
+
+
+def wait_for(path: str, pattern: str, deadline: float, after: int = 0) -> int:
+  """Waits until `pattern` is in the file at `path` after offset `after`; the offset of its
+  end."""
+  while time.monotonic() < deadline:
+    text = open(path).read() if os.path.exists(path) else ""
+    found = re.compile(pattern).search(text, after)
+    if found:
+      return found.end()
+    time.sleep(0.05)
+  raise AssertionError(f"{pattern!r} never appeared in {path}")
+
+
+def kill_inside_a_unit(cluster, log_path: str, units: Sequence[int], deadline: float,
+                       sig: int = signal.SIGKILL, victim: str = "worker:1",
+                       inside_secs: float = 1.0, min_batches: int = 4) -> Tuple[int, float]:
+  """Sends `victim` `sig` `inside_secs` into the first unit of `min_batches` or more batches it
+  takes in epoch 0; the unit's index and the time of the signal."""
+  took = re.compile(re.escape(victim) + r" took unit (\d+) .* in epoch 0")
+  while time.monotonic() < deadline:
+    text = open(log_path).read() if os.path.exists(log_path) else ""
+    big = [int(u) for u in took.findall(text) if units[int(u)] >= min_batches]
+    if big:
+      time.sleep(inside_secs)
+      cluster.kill_task(victim, sig)
+      return big[0], time.time()
+    time.sleep(0.02)
+  raise AssertionError(f"{victim} never took a unit of {min_batches} or more batches in epoch 0")
+
+
+def _stream(line: dict, name: str) -> List[Tuple[int, int]]:
+  """(unit, batch) of every batch `name` put in the model in the epoch, in its order: its units
+  in the order it took them, then (lost) the part of its last unit another worker resumed."""
+  # A unit's first_batch is its worker's count at the claim less the batches it skipped.
+  mine = sorted((u for u in line["units"] if u["worker"] == name),
+                key=lambda u: u["first_batch"] + u.get("resumed_after", 0))
+  stream = [(u["index"], k) for u in mine for k in range(u.get("resumed_after", 0), u["batches"])]
+  for u in line["units"]:
+    taken = u.get("taken_back")
+    if taken and taken["worker"] == name:
+      stream += [(u["index"], k) for k in range(u["resumed_after"] - taken["batches"],
+                                                 u["resumed_after"])]
+  return stream
+
+
+def recorded_steps(records_dir: str, line: dict) -> Dict[int, List[Tuple[int, int]]]:
+  """{step: [(unit, batch) of each worker's batch in it]} of an audit line, from the workers'
+  records. A lost worker's last batches may lack a record (it died before it wrote it, or
+  before its token came): they went into the steps right after its last recorded one (the
+  test kills it inside a unit, whose batches go into consecutive steps)."""
+  steps: Dict[int, List[Tuple[int, int]]] = {}
+  for name in line["workers"]:
+    path = os.path.join(records_dir, f"steps-worker-{name.split(':')[1]}.jsonl")
+    rows = [json.loads(r) for r in open(path)] if os.path.exists(path) else []
+    mine = [r["step"] for r in rows if r["epoch"] == line["epoch"]]
+    stream = _stream(line, name)
+    lost = line["workers"][name].get("lost")
+    assert len(mine) == len(stream) or (lost and len(mine) < len(stream)), (name, mine, stream)
+    while len(mine) < len(stream):
+      mine.append(mine[-1] + 1)
+    for step, batch in zip(mine, stream):
+      steps.setdefault(step, []).append(batch)
+  return steps

@@ -1,0 +1,99 @@
+"""Elastic synchronous training on a real cluster: a worker lost inside a unit, and the
+synchronous steps go on with the others, every unit trained once, the model equal to the
+oracle of the recorded steps (docs/elastic.md).
+
+Chief + 3 workers + 1 ps, synchronous, units through the work queue (tests/tasks/epoch_task.py
+--unit_batches), --epochsync_elastic. worker:1 is slow (so that it is inside a unit of 4+
+batches when it is lost). Each worker records the step each of its batches went into
+(--record_steps_dir); the oracle replays those steps (each the mean gradient of its batches)
+and must equal the checkpoint's parameters to 1e-5.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from examples import train
+from hooks.epoch.audit import read_audit
+from hooks.testing import oracle
+from hooks.testing.local_cluster import LocalCluster
+from cluster_checks import checkpoint_value, steps_sgd
+from elastic_checks import kill_inside_a_unit, recorded_steps
+
+pytestmark = [pytest.mark.cluster]
+
+TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "epoch_task.py")]
+UNITS = [9, 1, 4, 6, 2, 7, 3, 5, 1, 8, 4, 6]  # batches per unit, 8 examples each
+BATCH, FEATURES, LR = 8, 16, 0.05
+WORKERS = 4
+
+
+def _command(tmp_path, epochs: int = 2):
+  return TASK + [f"--model_dir={tmp_path / 'model'}",
+                 "--unit_batches=" + ",".join(map(str, UNITS)),
+                 f"--epochsync_num_epochs={epochs}", "--epochsync_sync=true",
+                 "--epochsync_elastic", "--step_sleep_secs=0.05",
+                 "--epochsync_save_checkpoint_secs=0", f"--record_steps_dir={tmp_path}"]
+
+
+def _assert_equals_the_oracle(tmp_path, audit):
+  """Every unit once and whole in every epoch, and the model is the oracle's of the steps the
+  workers recorded."""
+  inputs, labels = train.unit_arrays("linear", UNITS, BATCH, FEATURES)
+  starts = np.cumsum([0] + UNITS[:-1]) * BATCH
+  batch_of = lambda unit, k: (inputs[starts[unit] + k * BATCH:starts[unit] + (k + 1) * BATCH],
+                              labels[starts[unit] + k * BATCH:starts[unit] + (k + 1) * BATCH])
+  params, total = {"w": np.zeros(FEATURES), "b": np.zeros(())}, 0
+  for line in audit:
+    units = line["units"]
+    assert sorted(u["index"] for u in units) == list(range(len(UNITS))), units
+    for u in units:  # every unit once, whole: its batches and examples, whoever trained them
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
+    steps = recorded_steps(str(tmp_path), line)
+    batches = [b for step in steps.values() for b in step]
+    assert sorted(batches) == sorted({(u, k) for u in range(len(UNITS))
+                                      for k in range(UNITS[u])}), "a batch twice or never"
+    assert sorted(steps) == list(range(total, total + len(steps))), "a step without a batch"
+    params = steps_sgd(params, [[batch_of(*b) for b in steps[s]] for s in sorted(steps)],
+                       oracle.linear_mse_gradients, LR)
+    total += len(steps)
+  checkpoint = audit[-1]["checkpoint"]
+  assert checkpoint_value(checkpoint, "global_step") == total
+  for name, value in params.items():
+    np.testing.assert_allclose(checkpoint_value(checkpoint, name), value, atol=1e-5)
+
+
+@pytest.mark.timeout(240)
+def test_a_synchronous_job_goes_on_without_a_killed_worker_and_equals_the_oracle(tmp_path):
+  with LocalCluster(num_workers=WORKERS, timeout_secs=150, fail_fast_secs=None,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(_command(tmp_path), per_task_args={"worker:1": ["--slowdown=4"]})
+    unit, _ = kill_inside_a_unit(cluster, os.path.join(cluster.log_dir, "worker-1.log"),
+                                 UNITS, time.monotonic() + 90, min_batches=6)
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert codes == {"worker:0": 0, "worker:1": -9, "worker:2": 0, "worker:3": 0}, [
+      (t.name, t.returncode, t.tail()) for t in result.tasks.values()]
+  audit = read_audit(str(tmp_path / "model"))
+  assert [line["epoch"] for line in audit] == [0, 1]
+  assert all(line["lost_workers"] == ["worker:1"] for line in audit)
+  lost = {u["index"]: u for u in audit[0]["units"]}[unit]
+  assert lost["taken_back"]["worker"] == "worker:1", lost
+  assert 0 < lost["taken_back"]["batches"] < UNITS[unit], lost
+  _assert_equals_the_oracle(tmp_path, audit)
+
+
+@pytest.mark.timeout(240)
+def test_a_synchronous_job_without_a_fault_equals_the_oracle(tmp_path):
+  with LocalCluster(num_workers=WORKERS, timeout_secs=150,
+                    log_dir=str(tmp_path / "logs")) as cluster:
+    cluster.start(_command(tmp_path), per_task_args={"worker:2": ["--slowdown=4"]})
+    result = cluster.wait()
+  result.check()
+  audit = read_audit(str(tmp_path / "model"))
+  assert [line["epoch"] for line in audit] == [0, 1]
+  _assert_equals_the_oracle(tmp_path, audit)
