@@ -22,7 +22,7 @@ from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
 from cluster_checks import checkpoint_value, steps_sgd
-from elastic_checks import kill_inside_a_unit, recorded_steps
+from elastic_checks import kill_inside_a_unit, recorded_steps, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -32,11 +32,11 @@ BATCH, FEATURES, LR = 8, 16, 0.05
 WORKERS = 4
 
 
-def _command(tmp_path, epochs: int = 2):
+def _command(tmp_path, epochs: int = 2, step_sleep_secs: float = 0.05):
   return TASK + [f"--model_dir={tmp_path / 'model'}",
                  "--unit_batches=" + ",".join(map(str, UNITS)),
                  f"--epochsync_num_epochs={epochs}", "--epochsync_sync=true",
-                 "--epochsync_elastic", "--step_sleep_secs=0.05",
+                 "--epochsync_elastic", f"--step_sleep_secs={step_sleep_secs}",
                  "--epochsync_save_checkpoint_secs=0", f"--record_steps_dir={tmp_path}"]
 
 
@@ -97,3 +97,63 @@ def test_a_synchronous_job_without_a_fault_equals_the_oracle(tmp_path):
   audit = read_audit(str(tmp_path / "model"))
   assert [line["epoch"] for line in audit] == [0, 1]
   _assert_equals_the_oracle(tmp_path, audit)
+
+
+@pytest.mark.timeout(240)
+def test_a_frozen_worker_is_fenced_and_when_it_wakes_nothing_of_it_is_trained_twice(tmp_path):
+  """worker:1 is SIGSTOPped inside a unit; the chief finds it lost after half the step timeout
+  (the others' steps wait for its marker until then) and SIGCONT wakes it after the reclaim:
+  its next marker is refused (WorkerFencedError) and its late gradient dropped."""
+  logs = str(tmp_path / "logs")
+  with LocalCluster(num_workers=WORKERS, timeout_secs=150, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path) + ["--epochsync_step_timeout_secs=12"],
+                  per_task_args={"worker:1": ["--slowdown=4"]})
+    kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"), UNITS,
+                       time.monotonic() + 90, sig=signal.SIGSTOP, min_batches=6)
+    wait_for(os.path.join(logs, "worker-0.log"), r"worker:1 is lost in epoch 0 \(it has "
+             "answered no probe for", time.monotonic() + 60)
+    cluster.kill_task("worker:1", signal.SIGCONT)  # it wakes inside its unit, now reclaimed
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert [codes[f"worker:{w}"] for w in (0, 2, 3)] == [0, 0, 0], [
+      (t.name, t.returncode, t.tail()) for t in result.tasks.values()]
+  woken = open(os.path.join(logs, "worker-1.log")).read()
+  assert codes["worker:1"] != 0 and "WorkerFencedError: worker:1 was found lost" in woken, (
+      codes, woken[-3000:])
+  audit = read_audit(str(tmp_path / "model"))
+  assert all(line["lost_workers"] == ["worker:1"] for line in audit)
+  _assert_equals_the_oracle(tmp_path, audit)
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_worker_relaunched_after_5_s_rejoins_and_the_job_equals_the_oracle(tmp_path):
+  """worker:1 is SIGKILLed inside a unit of epoch 0 and relaunched 5 s later: the new process
+  joins at the start of an epoch (the steps count it from their first), trains units to the
+  end and exits 0; the model is the oracle's of the recorded steps."""
+  logs, epochs = str(tmp_path / "logs"), 10  # about 2 s each: the new process starts in 6-10
+  with LocalCluster(num_workers=WORKERS, timeout_secs=200, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path, epochs, step_sleep_secs=0.1),
+                  per_task_args={"worker:1": ["--slowdown=2"]})
+    kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"), UNITS,
+                       time.monotonic() + 90, min_batches=6)
+    time.sleep(5.0)
+    while cluster.results()["worker:1"].returncode is None:  # the killed process is reaped
+      time.sleep(0.05)
+    cluster.restart_task("worker:1")
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert set(codes.values()) == {0}, [(t.name, t.returncode, t.tail()) for t in
+                                      result.tasks.values()]
+  relaunched = open(os.path.join(logs, "worker-1.log")).read()
+  assert "worker:1 rejoined the running job" in relaunched, relaunched[-3000:]
+  audit = read_audit(str(tmp_path / "model"))
+  assert [line["epoch"] for line in audit] == list(range(epochs))
+  assert audit[0]["lost_workers"] == ["worker:1"]
+  back = [line["epoch"] for line in audit if "lost_workers" not in line]
+  assert back and back == list(range(back[0], epochs)), audit  # a member again, to the end
+  assert all(any(u["worker"] == "worker:1" for u in line["units"])
+             for line in audit[back[0]:]), [line["units"] for line in audit]
+  _assert_equals_the_oracle(tmp_path, audit)
+  print(f"worker:1 lost in epoch 0, a member again from epoch {back[0]} of {epochs}")

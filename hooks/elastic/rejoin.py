@@ -21,18 +21,29 @@ from hooks.workqueue.unit_passes import UnitPasses
 __all__ = ["rejoin_fn"]
 
 
-def rejoin_fn(queue: UnitPasses, barrier) -> Callable[[object], Optional[str]]:
-  """`(session) -> None` once this worker joined the running job, else why not yet."""
+def rejoin_fn(queue: UnitPasses, barrier, ahead: bool = False
+              ) -> Callable[[object], Optional[str]]:
+  """`(session) -> None` once this worker joined the running job, else why not yet.
+
+  `ahead` (synchronous training): it joins the epoch after the running one, whose steps
+  count it from their start, and starts once the running epoch ended."""
+  joined = []  # the epoch it joined
 
   def rejoin(session) -> Optional[str]:
-    epoch = barrier.start_epoch(session)
-    answer = queue.claims.join(session, epoch)
-    if answer == JOINED:
-      return None
-    if answer == NOT_FENCED:
-      return (f"the chief has not found its earlier process lost yet (epoch {epoch}); it does "
-              "within a few seconds")
-    return (f"the chief arrives for it at the end of epoch {epoch}, the epoch its earlier "
-            "process was lost in; it joins when that epoch ends")
+    running = barrier.start_epoch(session)
+    if not joined:
+      epoch = running + int(ahead)
+      answer = queue.claims.join(session, epoch)
+      if answer == NOT_FENCED:
+        return (f"the chief has not found its earlier process lost yet (epoch {running}); it "
+                "does within a few seconds")
+      if answer != JOINED:
+        return (f"the chief arrives for it at the end of epoch {epoch}"
+                + (", the epoch its earlier process was lost in" if not ahead else "")
+                + "; it joins when that epoch ends")
+      joined.append(epoch)
+    if running < joined[0]:
+      return f"it joined epoch {joined[0]}, which starts when epoch {running} ends"
+    return None
 
   return rejoin

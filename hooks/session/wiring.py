@@ -108,7 +108,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       on_lost = elastic_sync.wire(queue, sync_hook, settings.step_timeout_secs)
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
-  rejoin = (rejoin_fn(queue, barrier) if settings.elastic and not config.is_chief else None)
+  rejoin = (rejoin_fn(queue, barrier, ahead=sync_hook is not None)
+            if settings.elastic and not config.is_chief else None)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
                        startup_timeout_secs=settings.startup_timeout_secs,
@@ -144,7 +145,7 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   hooks += [done, barrier, resume]
   if settings.elastic and config.is_chief:
     hooks.append(LostWorkerWatch(queue, barrier, monitor, worker_names=config.worker_names,
-                                 stalled_after_secs=settings.step_timeout_secs,
+                                 stalled_after_secs=_stalled_after(settings, sync_hook),
                                  on_lost=on_lost))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
@@ -167,6 +168,13 @@ def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: An
   if config.is_chief:
     audit_work_queue(epoch_input, barrier, config.worker_names)
   return queue
+
+
+def _stalled_after(settings: EpochSyncSettings, sync_hook: Any) -> float:
+  """How long a worker may answer no probe before the chief treats it as lost (frozen): the
+  step timeout; half of it in synchronous training, whose steps wait for the frozen worker's
+  marker until the chief sends it, and time out at the step timeout."""
+  return settings.step_timeout_secs / (2 if sync_hook is not None else 1)
 
 
 def _check_elastic(queue: Optional[UnitPasses], settings: EpochSyncSettings,

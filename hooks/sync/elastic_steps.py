@@ -123,11 +123,17 @@ class ElasticSteps:
     with tf.control_dependencies([enqueued, self.owed.assign(owed)]):
       return tf.identity(count)
 
-  def epoch_start(self, step: tf.Tensor) -> tf.Tensor:
-    """(The chief, as it counts an epoch) Every worker owes the next epoch's first marker;
-    a fenced one's is sent for it."""
-    return execute_unrecorded(self._queue.lock, functools.partial(
-        self._owe, tf.ones([self._n], tf.bool), tf.cast(step, tf.int64)))
+  def epoch_start(self, step: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
+    """(The chief, as it counts an epoch) Every worker owes the next epoch's (`epoch`) first
+    marker, at `step`; a fenced one's is sent for it, and `epoch` closes to its join (a
+    relaunched process joins a later one: hooks.elastic.rejoin)."""
+
+    def start() -> tf.Tensor:
+      closed = elastic_graph.close_fenced(self._queue, epoch, self._n)
+      with tf.control_dependencies([closed]):
+        return self._owe(tf.ones([self._n], tf.bool), tf.cast(step, tf.int64))
+
+    return execute_unrecorded(self._queue.lock, start)
 
   def lost_marker(self, worker: tf.Tensor) -> tf.Tensor:
     """(The chief, after it fenced `worker`) Sends the marker it owes, as DONE; 1 if it did."""

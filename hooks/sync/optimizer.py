@@ -231,7 +231,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
                        step_graph.PROGRESS_ACTIVE)
       lost_marker = None
       if elastic is not None:  # Each epoch's start owes every worker's marker (lost: sent).
-        with tf.control_dependencies([elastic.epoch_start(step)]):
+        with tf.control_dependencies([elastic.epoch_start(step, count_epoch)]):
           count_epoch = tf.identity(count_epoch, name="count_epoch_elastic")
         reset = tf.group(reset, *elastic.drain(queues))
         lost_worker = _v1.placeholder(tf.int64, [], "lost_worker")

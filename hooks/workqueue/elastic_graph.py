@@ -28,8 +28,8 @@ from hooks.workqueue.layout import MAX_WORKERS, Layout
 from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 
 __all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "VARIABLES",
-           "per_worker", "gate", "admit", "fenced", "register", "registered", "reclaim_ops",
-           "membership_ops"]
+           "per_worker", "gate", "admit", "fenced", "close_fenced", "register", "registered",
+           "reclaim_ops", "membership_ops"]
 
 _v1 = tf.compat.v1
 # The per-worker vectors of an elastic queue (name, initial value).
@@ -114,6 +114,14 @@ def fenced(ops, num_workers: int) -> tf.Tensor:
   return claims[:num_workers] <= FENCE_MARK
 
 
+def close_fenced(ops, epoch: tf.Tensor, num_workers: int) -> tf.Tensor:
+  """(Inside the queue's lock) Closes `epoch` to the joins of the fenced workers: the chief
+  stands in for them in it (a synchronous epoch's start, hooks.sync.elastic_steps)."""
+  closed = ops.closed[:num_workers]
+  last = tf.where(fenced(ops, num_workers), tf.maximum(closed, epoch), closed)
+  return ops.closed[:num_workers].assign(last)
+
+
 def gate(ops, worker_id: int, after: tf.Operation) -> tf.Operation:
   """The op a step of worker `worker_id` runs before its batch reaches the model,
   after `after` (the step's take of the batch): one run of the lock on ps:0 that counts the
@@ -172,12 +180,14 @@ def _join(state, vectors, feeds, layout: Layout) -> tf.Tensor:
 
 
 def _still_lost(state, closed, feeds, layout: Layout) -> tf.Tensor:
-  """(inside the lock) Whether the worker is still fenced; if so, `epoch` closes to its join."""
+  """(inside the lock) Whether the chief arrives for the worker at `epoch`: it is still
+  fenced (then `epoch` closes to its join), or its process joined a later epoch (synchronous
+  training: at the start of the next one)."""
   worker, epoch = feeds["worker"], feeds["epoch"]
   lost = layout.parts(state.read_value())["claims"][worker] <= FENCE_MARK
   last = tf.where(lost, tf.maximum(closed[worker], epoch), closed[worker])
   with tf.control_dependencies([closed.scatter_nd_update([[worker]], tf.reshape(last, [1]))]):
-    return tf.identity(lost)
+    return tf.logical_or(lost, last >= epoch)
 
 
 def _reclaim(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:

@@ -80,6 +80,7 @@ class QueueOps:
   gated: "tf.Variable | None" = None  # with elastic: per worker, its batches that passed `gate`
   state_variable: "tf.Variable | None" = None  # the variable `vector` reads
   membership: "MembershipOps | None" = None  # with elastic: a relaunched worker's rejoin
+  closed: "tf.Variable | None" = None  # with elastic: per worker, the last epoch it is closed
 
 
 def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
@@ -121,7 +122,7 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
                   new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
                   lock=lock if elastic else None, gated=gated, state_variable=state,
-                  membership=membership, **feeds)
+                  membership=membership, closed=closed, **feeds)
 
 
 def _assign(state, vector) -> tf.Tensor:
