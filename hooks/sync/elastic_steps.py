@@ -42,7 +42,8 @@ __all__ = ["ElasticSteps", "IDLE", "IDLE_ROUND"]
 
 _v1 = tf.compat.v1
 IDLE = 2  # A marker kind: the sender has no batch now (its claim answered WAIT); no gradient.
-IDLE_ROUND = -1  # What an aggregation of IDLE markers alone returns: nothing was applied.
+IDLE_ROUND = -3  # What an aggregation of IDLE markers alone returns: nothing was applied (no
+# sum of marker kinds is -3: a STOP marker makes it below -2**20 + the workers).
 
 
 class ElasticSteps:
