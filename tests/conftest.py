@@ -107,7 +107,8 @@ def pytest_addoption(parser):
   parser.addoption(
       "--elastic-seeds", type=int, default=0, metavar="N",
       help="The elastic kill matrix runs seeds 0..N-1, each through MonitoredTrainingSession "
-           "and the Estimator: a worker killed, frozen, relaunched, killed twice or two at once "
+           "and the Estimator, asynchronous and synchronous: a worker killed, frozen, "
+           "relaunched, killed twice or two at once "
            "(default: none; e.g. ./es test tests/test_elastic_matrix.py --elastic-seeds=10).")
   parser.addoption(
       "--unit-kill-seeds", type=int, default=None, metavar="N",
@@ -140,12 +141,13 @@ def pytest_generate_tests(metafunc):
       _parametrize_seeds(metafunc, fixture, metafunc.config.getoption(option), default)
   if "elastic_case" in metafunc.fixturenames:  # Only when asked: ~1 min a seed.
     seeds = metafunc.config.getoption("--elastic-seeds")
-    cases = [(seed, front) for seed in range(seeds or 1) for front in ("mts", "estimator")]
+    cases = [(seed, front, mode) for seed in range(seeds or 1) for front in ("mts", "estimator")
+             for mode in ("async", "sync")]
     metafunc.parametrize("elastic_case", [
         pytest.param(case, marks=([pytest.mark.estimator] if case[1] == "estimator" else []) +
                      ([] if seeds else [pytest.mark.skip(
                          reason="the elastic kill matrix runs with --elastic-seeds=N")]))
-        for case in cases], ids=[f"seed{seed}-{front}" for seed, front in cases])
+        for case in cases], ids=[f"seed{seed}-{front}-{mode}" for seed, front, mode in cases])
   if "estimator_kill_seed" in metafunc.fixturenames:  # Only when asked: ~60 s a seed.
     seeds = metafunc.config.getoption("--estimator-kill-seeds")
     metafunc.parametrize("estimator_kill_seed", [

@@ -13,13 +13,13 @@ import re
 import signal
 import sys
 import time
-from typing import Tuple
 
 import pytest
 import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster, run_cluster
+from elastic_checks import kill_inside_a_unit, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -28,22 +28,6 @@ ESTIMATOR_TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks
                                                "estimator_task.py")]
 UNITS = [9, 1, 4, 6, 2, 7, 3, 5, 1, 8]  # batches per unit, 8 examples each
 BATCH = 8
-def _kill_inside_a_unit(cluster, log_path: str, deadline: float, sig: int = signal.SIGKILL,
-                       victim: str = "worker:1") -> Tuple[int, float]:
-  """Sends `victim` `sig` about two batches into the first unit of 4+ batches it takes in
-  epoch 0; the unit's index and the time of the signal."""
-  took = re.compile(victim + r" took unit (\d+) .* in epoch 0")
-  while time.monotonic() < deadline:
-    text = open(log_path).read() if os.path.exists(log_path) else ""
-    big = [int(u) for u in took.findall(text) if UNITS[int(u)] >= 4]
-    if big:
-      time.sleep(1.0)  # the victim's steps take 0.4 s: it is inside the unit
-      cluster.kill_task(victim, sig)
-      return big[0], time.time()
-    time.sleep(0.02)
-  raise AssertionError(f"{victim} never took a unit of 4 or more batches in epoch 0")
-
-
 @pytest.mark.timeout(240)
 def test_a_worker_killed_inside_a_unit_is_left_behind_and_every_unit_is_trained_once(tmp_path):
   model_dir = str(tmp_path / "model")
@@ -54,8 +38,8 @@ def test_a_worker_killed_inside_a_unit_is_left_behind_and_every_unit_is_trained_
   with LocalCluster(num_workers=3, timeout_secs=150, fail_fast_secs=None,
                     log_dir=str(tmp_path / "logs")) as cluster:
     cluster.start(command, per_task_args={"worker:1": ["--slowdown=4"]})
-    unit, killed_at = _kill_inside_a_unit(
-        cluster, os.path.join(cluster.log_dir, "worker-1.log"), time.monotonic() + 90)
+    unit, killed_at = kill_inside_a_unit(
+        cluster, os.path.join(cluster.log_dir, "worker-1.log"), UNITS, time.monotonic() + 90)
     result = cluster.wait()
   codes = {name: r.returncode for name, r in result.tasks.items()}
   assert codes == {"worker:0": 0, "worker:1": -9, "worker:2": 0}, [
@@ -99,14 +83,6 @@ def test_a_worker_killed_inside_a_unit_is_left_behind_and_every_unit_is_trained_
   assert any(u["worker"] == "worker:1" for u in third["units"]), third["units"]
 
 
-def _wait_for(path: str, pattern: str, deadline: float) -> None:
-  while time.monotonic() < deadline:
-    if re.search(pattern, open(path).read() if os.path.exists(path) else ""):
-      return
-    time.sleep(0.1)
-  raise AssertionError(f"{pattern!r} never appeared in {path}")
-
-
 @pytest.mark.timeout(240)
 def test_a_frozen_worker_is_fenced_and_when_it_wakes_it_trains_nothing_twice(tmp_path):
   model_dir, logs = str(tmp_path / "model"), str(tmp_path / "logs")
@@ -117,10 +93,10 @@ def test_a_frozen_worker_is_fenced_and_when_it_wakes_it_trains_nothing_twice(tmp
   with LocalCluster(num_workers=3, timeout_secs=150, fail_fast_secs=None,
                     log_dir=logs) as cluster:
     cluster.start(command, per_task_args={"worker:1": ["--slowdown=4"]})
-    unit, frozen_at = _kill_inside_a_unit(
-        cluster, os.path.join(logs, "worker-1.log"), time.monotonic() + 90, signal.SIGSTOP)
-    _wait_for(os.path.join(logs, "worker-0.log"), r"worker:1 is lost in epoch 0 \(it has "
-              "answered no probe for", time.monotonic() + 60)
+    unit, frozen_at = kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"), UNITS,
+                                         time.monotonic() + 90, signal.SIGSTOP)
+    wait_for(os.path.join(logs, "worker-0.log"), r"worker:1 is lost in epoch 0 \(it has "
+             "answered no probe for", time.monotonic() + 60)
     found_after = time.time() - frozen_at
     cluster.kill_task("worker:1", signal.SIGCONT)  # it wakes inside its unit, now reclaimed
     result = cluster.wait()
@@ -159,8 +135,8 @@ def test_a_killed_worker_relaunched_rejoins_the_running_job_and_every_unit_is_tr
   with LocalCluster(num_workers=3, timeout_secs=200, fail_fast_secs=None,
                     log_dir=logs) as cluster:
     cluster.start(command, per_task_args={"worker:1": ["--slowdown=2"]})
-    unit, _ = _kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"),
-                                  time.monotonic() + 90)
+    unit, _ = kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"), UNITS,
+                                 time.monotonic() + 90)
     while cluster.results()["worker:1"].returncode is None:  # the killed process is reaped
       time.sleep(0.05)
     cluster.restart_task("worker:1")
@@ -204,8 +180,8 @@ def test_an_estimator_job_goes_on_without_a_killed_worker_and_trains_every_unit_
   with LocalCluster(num_workers=3, num_ps=1, has_chief=True, timeout_secs=240,
                     fail_fast_secs=None, log_dir=logs) as cluster:
     cluster.start(command, per_task_args={"worker:0": ["--step_sleep_secs=0.4"]})
-    unit, _ = _kill_inside_a_unit(cluster, os.path.join(logs, "worker-0.log"),
-                                  time.monotonic() + 120, victim="worker:0")
+    unit, _ = kill_inside_a_unit(cluster, os.path.join(logs, "worker-0.log"), UNITS,
+                                 time.monotonic() + 120, victim="worker:0")
     result = cluster.wait()
   codes = {name: r.returncode for name, r in result.tasks.items()}
   assert codes == {"chief:0": 0, "worker:0": -9, "worker:1": 0}, [

@@ -1,14 +1,16 @@
 """The elastic kill matrix (opt-in: ./es test tests/test_elastic_matrix.py --elastic-seeds=10).
 
-Per seed and front end (MonitoredTrainingSession's tests/tasks/epoch_task.py, the Estimator's
-tests/tasks/estimator_task.py), asynchronous training through a work queue with
---epochsync_elastic, 3 workers beside the chief, 1 ps: the seed draws the units, the fault and
-its victims, and the moment inside a unit. The faults, in turn: a worker killed; frozen
-(SIGSTOP, woken after the chief took its unit back); killed and relaunched (it rejoins); killed,
-relaunched, killed and relaunched again; two killed at once. Every surviving task exits 0, every
-epoch's audit lists every unit once with all its batches and examples, and the global step is
-the epochs' batches, less at most one per kill (a killed worker's batch that passed its gate
-may not have reached the model; a frozen one loses none).
+Per seed, front end (MonitoredTrainingSession's tests/tasks/epoch_task.py, the Estimator's
+tests/tasks/estimator_task.py) and mode (asynchronous, synchronous), training through a work
+queue with --epochsync_elastic, 3 workers beside the chief, 1 ps: the seed draws the units, the
+fault and its victims, and the moment inside a unit. The faults, in turn: a worker killed;
+frozen (SIGSTOP, woken after the chief took its unit back); killed and relaunched (it rejoins);
+killed, relaunched, killed and relaunched again; two killed at once. Every surviving task exits
+0 and every epoch's audit lists every unit once with all its batches and examples.
+Asynchronous: the global step is the epochs' batches, less at most one per kill (a killed
+worker's batch that passed its gate may not have reached the model; a frozen one loses none).
+Synchronous through MonitoredTrainingSession: the model equals the oracle of the steps the
+workers recorded (1e-5), every batch in exactly one step.
 """
 
 import os
@@ -24,6 +26,7 @@ import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
+from elastic_checks import assert_equals_the_oracle, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -38,13 +41,7 @@ def _log(logs: str, task: str) -> str:
 
 
 def _wait_for(logs: str, task: str, pattern: str, deadline: float, after: int = 0) -> int:
-  """Waits until `pattern` is in `task`'s log after offset `after`; the offset of its end."""
-  while time.monotonic() < deadline:
-    found = re.compile(pattern).search(_log(logs, task), after)
-    if found:
-      return found.end()
-    time.sleep(0.05)
-  raise AssertionError(f"{pattern!r} never appeared in {task}'s log")
+  return wait_for(os.path.join(logs, task.replace(":", "-") + ".log"), pattern, deadline, after)
 
 
 def _relaunch(cluster, task: str, deadline: float) -> None:
@@ -55,7 +52,8 @@ def _relaunch(cluster, task: str, deadline: float) -> None:
 
 @pytest.mark.timeout(420)
 def test_the_elastic_kill_matrix(tmp_path, elastic_case):
-  seed, front = elastic_case
+  seed, front, mode = elastic_case
+  sync = mode == "sync"
   rng = random.Random(seed)
   fault = FAULTS[seed % len(FAULTS)]
   units = [rng.randint(2, 9) for _ in range(rng.randint(6, 12))]
@@ -74,9 +72,14 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
     batch = estimator_data.BATCH_SIZE
   victims: List[str] = rng.sample(names, 2 if fault == "two_at_once" else 1)
   command += [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, units)),
-              f"--epochsync_num_epochs={epochs}", "--noepochsync_sync", "--epochsync_elastic",
-              "--epochsync_save_checkpoint_secs=0", "--epochsync_step_timeout_secs=6"]
-  print(f"elastic seed {seed} ({front}): {fault} {victims}, units {units}, {epochs} epochs")
+              f"--epochsync_num_epochs={epochs}", f"--epochsync_sync={str(sync).lower()}",
+              "--epochsync_elastic", "--epochsync_save_checkpoint_secs=0",
+              # synchronous: a frozen worker is found after half of it, the others' steps wait
+              f"--epochsync_step_timeout_secs={12 if sync else 6}"]
+  if sync and front == "mts":
+    command.append(f"--record_steps_dir={tmp_path}")
+  print(f"elastic seed {seed} ({front}, {mode}): {fault} {victims}, units {units}, "
+        f"{epochs} epochs")
   deadline = time.monotonic() + 360
   kills = 0
   with LocalCluster(num_workers=4, has_chief=front == "estimator", timeout_secs=360,
@@ -119,5 +122,10 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
   assert set(audit[0].get("lost_workers", [])) == set(victims), audit[0]
   if fault in ("relaunched", "twice"):
     assert "lost_workers" not in audit[-1], audit[-1]  # a member again at the end
+  if sync:
+    if front == "mts":
+      assert_equals_the_oracle(str(tmp_path), audit, units, batch)
+    return
   step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
   assert epochs * sum(units) - kills <= step <= epochs * sum(units), (step, kills)
+

@@ -14,15 +14,11 @@ import signal
 import sys
 import time
 
-import numpy as np
 import pytest
 
-from examples import train
 from hooks.epoch.audit import read_audit
-from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import checkpoint_value, steps_sgd
-from elastic_checks import kill_inside_a_unit, recorded_steps, wait_for
+from elastic_checks import assert_equals_the_oracle, kill_inside_a_unit, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -43,28 +39,12 @@ def _command(tmp_path, epochs: int = 2, step_sleep_secs: float = 0.05):
 def _assert_equals_the_oracle(tmp_path, audit):
   """Every unit once and whole in every epoch, and the model is the oracle's of the steps the
   workers recorded."""
-  inputs, labels = train.unit_arrays("linear", UNITS, BATCH, FEATURES)
-  starts = np.cumsum([0] + UNITS[:-1]) * BATCH
-  batch_of = lambda unit, k: (inputs[starts[unit] + k * BATCH:starts[unit] + (k + 1) * BATCH],
-                              labels[starts[unit] + k * BATCH:starts[unit] + (k + 1) * BATCH])
-  params, total = {"w": np.zeros(FEATURES), "b": np.zeros(())}, 0
   for line in audit:
     units = line["units"]
     assert sorted(u["index"] for u in units) == list(range(len(UNITS))), units
     for u in units:  # every unit once, whole: its batches and examples, whoever trained them
       assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
-    steps = recorded_steps(str(tmp_path), line)
-    batches = [b for step in steps.values() for b in step]
-    assert sorted(batches) == sorted({(u, k) for u in range(len(UNITS))
-                                      for k in range(UNITS[u])}), "a batch twice or never"
-    assert sorted(steps) == list(range(total, total + len(steps))), "a step without a batch"
-    params = steps_sgd(params, [[batch_of(*b) for b in steps[s]] for s in sorted(steps)],
-                       oracle.linear_mse_gradients, LR)
-    total += len(steps)
-  checkpoint = audit[-1]["checkpoint"]
-  assert checkpoint_value(checkpoint, "global_step") == total
-  for name, value in params.items():
-    np.testing.assert_allclose(checkpoint_value(checkpoint, name), value, atol=1e-5)
+  assert_equals_the_oracle(str(tmp_path), audit, UNITS, BATCH, FEATURES, LR)
 
 
 @pytest.mark.timeout(240)

@@ -164,26 +164,25 @@ def _lose_an_aggregation(number: int) -> None:
 
 
 class _RecordSteps(tf.compat.v1.train.SessionRunHook):
-  """Appends {"epoch", "step"} per synchronous step: the step the batch went into."""
+  """Appends {"epoch", "step"} before each synchronous step: the step its batch goes into (the
+  worker's local step), read before the run, so a killed worker's batch in the model always
+  has its line (the oracle ignores lines past the batches the audit says the model holds)."""
 
   def __init__(self, epoch_input, path: str):
     self._epoch, self._path = epoch_input.epoch_tensor, path
 
   def begin(self):
+    graph = tf.compat.v1.get_default_graph()
     self._train = tf.compat.v1.get_collection(graph_keys.SYNC_TRAIN_OPS)[0]
+    self._local = [op.outputs[0] for op in graph.get_operations()
+                   if op.name.endswith("_local_step_set_by_SafeSyncTokensHook")][0]
     self._file = open(self._path, "a")
 
   def before_run(self, run_context):
     fetches = tf.nest.flatten(run_context.original_args.fetches)
-    if not any(getattr(f, "name", None) == self._train.name for f in fetches):
-      return None
-    return tf.compat.v1.train.SessionRunArgs({"token": self._train, "epoch": self._epoch})
-
-  def after_run(self, run_context, run_values):
-    if run_values.results:
-      row = {"epoch": int(run_values.results["epoch"]),
-             "step": int(run_values.results["token"]) - 1}
-      self._file.write(json.dumps(row) + "\n")
+    if any(getattr(f, "name", None) == self._train.name for f in fetches):
+      epoch, step = run_context.session.run([self._epoch, self._local])
+      self._file.write(json.dumps({"epoch": int(epoch), "step": int(step)}) + "\n")
       self._file.flush()
 
 
