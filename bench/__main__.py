@@ -6,11 +6,13 @@
                              start-up at 2/4/8 workers, the input's overhead, a mid-epoch
                              resume's skip and save, the work queue with a half-speed worker,
                              its synchronous steps on Zipf-sized files, the cost of a claim,
-                             the elastic gate's and a lost worker's (about 65 minutes more)
+                             the elastic gate's and a lost worker's, asynchronous and
+                             synchronous (about 75 minutes more)
   ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
                              save_stall, run_cost, work_queue, work_queue_sync, claim_cost,
-                             step_runner_cost, queue_step_cost, elastic_gate, elastic_cost
+                             step_runner_cost, queue_step_cost, elastic_gate, elastic_cost,
+                             elastic_sync
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
@@ -63,6 +65,7 @@ _FULL = {
         "--variants=epoch_input,work_queue@100,elastic_queue@100", "--steps=4000",
         "--repetitions=5", "--output={out}.json"]),
     "elastic_cost": ("bench.elastic_cost", ["--repetitions=3", "--output={out}.json"]),
+    "elastic_sync": ("bench.elastic_cost", ["--sync", "--repetitions=3", "--output={out}.json"]),
 }
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),

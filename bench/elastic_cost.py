@@ -1,10 +1,12 @@
 """What one worker's death costs a job: elastic against stop-and-relaunch, side by side.
 
-4 workers, 1 ps, examples.train's linear model, asynchronous through a work queue of
---total_batches batches per epoch in units of --unit_batches, --epochs epochs; every step pauses
---step_sleep_secs. Per repetition, three jobs from a fresh model_dir each, wall time from the
-launch to every task's exit:
+4 workers, 1 ps, examples.train's linear model, asynchronous (--sync: synchronous) through a
+work queue of --total_batches batches per epoch in units of --unit_batches, --epochs epochs;
+every step pauses --step_sleep_secs. Per repetition, three jobs from a fresh model_dir each
+(with --sync four: also `plain`), wall time from the launch to every task's exit:
 
+  plain           (--sync only) not elastic, nothing happens: uninterrupted / plain is what
+                  elastic synchronous steps cost;
   uninterrupted   --epochsync_elastic, nothing happens;
   elastic         --epochsync_elastic; worker:2 is SIGKILLed --kill_after_secs into a unit of
                   epoch 1 and relaunched at once (as Kubernetes' OnFailure does): it rejoins;
@@ -22,6 +24,7 @@ loss (at least the detection: a loss below it is the runs' noise).
 
 Typical usage:
   python -m bench.elastic_cost --repetitions=3 --output=bench/results/elastic_cost.json
+  python -m bench.elastic_cost --sync --repetitions=3 --output=bench/results/elastic_sync.json
 """
 
 import os
@@ -48,6 +51,7 @@ _KILL_AFTER = flags.DEFINE_float("kill_after_secs", 0.2, "The kill comes this lo
                                  "victim took its first unit of epoch 1.")
 _SAVE_SECS = flags.DEFINE_float("save_checkpoint_secs", 600.0, "Mid-epoch checkpoint period "
                                 "of the stop-and-relaunch job.")
+_SYNC = flags.DEFINE_bool("sync", False, "Synchronous training (a sync optimizer).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 
 _TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_task.py")
@@ -59,7 +63,8 @@ _LOST_AT = re.compile(r"^W\d{4} (\d\d):(\d\d):(\d\d\.\d+) .* is lost in epoch", 
 def _command(model_dir: str, elastic: bool) -> List[str]:
   return [sys.executable, _TASK, f"--model_dir={model_dir}",
           "--unit_batches=" + ",".join([str(_UNIT.value)] * (_TOTAL.value // _UNIT.value)),
-          f"--epochsync_num_epochs={_EPOCHS.value}", "--epochsync_sync=false",
+          f"--epochsync_num_epochs={_EPOCHS.value}",
+          f"--epochsync_sync={str(_SYNC.value).lower()}",
           f"--epochsync_elastic={str(elastic).lower()}",
           f"--epochsync_save_checkpoint_secs={0 if elastic else _SAVE_SECS.value}",
           f"--step_sleep_secs={_SLEEP.value}"]
@@ -95,8 +100,8 @@ def _job(kind: str) -> Dict[str, float]:
   logs = os.path.join(model_dir, "logs")
   with LocalCluster(num_workers=_WORKERS, timeout_secs=600, fail_fast_secs=None,
                     log_dir=logs) as cluster:
-    cluster.start(_command(model_dir, kind != "stop_relaunch"))
-    if kind != "uninterrupted":
+    cluster.start(_command(model_dir, kind not in ("stop_relaunch", "plain")))
+    if kind not in ("uninterrupted", "plain"):
       killed_at = _kill_in_epoch_1(cluster, time.monotonic() + 300)
       row["kill_at_secs"] = round(time.monotonic() - start, 3)
     if kind == "elastic":
@@ -117,7 +122,7 @@ def _job(kind: str) -> Dict[str, float]:
       cluster.start(_command(model_dir, False))
       cluster.wait().check()
   row["wall_secs"] = round(time.monotonic() - start, 3)
-  if kind == "uninterrupted":  # A unit's time at this job's pace per worker (epoch 1).
+  if kind in ("uninterrupted", "plain"):  # A unit's time at this job's pace per worker.
     audit = read_audit(model_dir)
     epoch = audit[1]["released_at"] - audit[0]["released_at"]
     row["unit_secs"] = round(epoch * _WORKERS / _TOTAL.value * _UNIT.value, 3)
@@ -129,8 +134,12 @@ def main(argv):
   runs = []
   for rep in range(_REPETITIONS.value):
     row = {"repetition": rep, "load_before": common.load_average()}
-    for kind in ("uninterrupted", "elastic", "stop_relaunch"):
+    for kind in (("plain",) if _SYNC.value else ()) + ("uninterrupted", "elastic",
+                                                       "stop_relaunch"):
       row[kind] = _job(kind)
+    if _SYNC.value:  # What elastic synchronous steps cost, the whole job's wall time.
+      row["elastic_over_plain"] = round(row["uninterrupted"]["wall_secs"] /
+                                        row["plain"]["wall_secs"], 3)
     base = row["uninterrupted"]["wall_secs"]
     for kind in ("elastic", "stop_relaunch"):
       row[kind]["loss_secs"] = round(row[kind]["wall_secs"] - base, 3)
@@ -152,10 +161,12 @@ def main(argv):
              "stop_relaunch_loss_secs": median("stop_relaunch", "loss_secs"),
              "ratio_measured": statistics.median(r["ratio_measured"] for r in runs),
              "ratio_at_600s": statistics.median(r["ratio_at_600s"] for r in runs)}
+  if _SYNC.value:
+    summary["elastic_over_plain"] = statistics.median(r["elastic_over_plain"] for r in runs)
   print("medians:", summary, flush=True)
   common.write_results(_OUTPUT.value, {"runs": runs, "medians": summary}, sys.argv,
                        workers=_WORKERS, total_batches=_TOTAL.value, unit_batches=_UNIT.value,
-                       epochs=_EPOCHS.value, step_sleep_secs=_SLEEP.value)
+                       epochs=_EPOCHS.value, step_sleep_secs=_SLEEP.value, sync=_SYNC.value)
 
 
 if __name__ == "__main__":

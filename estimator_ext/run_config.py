@@ -42,8 +42,8 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
     model_dir: `str` checkpoints, the epoch audit and eval results; storage every task sees.
     num_epochs, sync, divide_by_initial_workers, barrier_timeout_secs, startup_timeout_secs,
       step_timeout_secs, warn_after_secs, log_every_secs, elastic: override `EpochSyncSettings`
-      fields (elastic: a lost worker does not stop the job; asynchronous training through
-      `work_units`, docs/elastic.md).
+      fields (elastic: a lost worker does not stop the job; training through `work_units`,
+      docs/elastic.md).
     settings: `EpochSyncSettings` to use instead of the flags and variables (the arguments
       above still override its fields).
     num_workers: `int` expected chief+worker tasks (or --epochsync_num_workers, or

@@ -51,8 +51,8 @@ def _stream(line: dict, name: str) -> List[Tuple[int, int]]:
   for u in line["units"]:
     taken = u.get("taken_back")
     if taken and taken["worker"] == name:
-      stream += [(u["index"], k) for k in range(u["resumed_after"] - taken["batches"],
-                                                 u["resumed_after"])]
+      resumed = u.get("resumed_after", 0)  # (0: none of it in the model, not in the line)
+      stream += [(u["index"], k) for k in range(resumed - taken["batches"], resumed)]
   return stream
 
 

@@ -9,15 +9,18 @@ batches when it is lost). Each worker records the step each of its batches went 
 and must equal the checkpoint's parameters to 1e-5.
 """
 
+import json
 import os
 import signal
 import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
-from hooks.testing.local_cluster import LocalCluster
+from hooks.testing.local_cluster import LocalCluster, run_cluster
+from cluster_checks import checkpoint_value
 from elastic_checks import assert_equals_the_oracle, kill_inside_a_unit, wait_for
 
 pytestmark = [pytest.mark.cluster]
@@ -137,3 +140,55 @@ def test_a_killed_worker_relaunched_after_5_s_rejoins_and_the_job_equals_the_ora
              for line in audit[back[0]:]), [line["units"] for line in audit]
   _assert_equals_the_oracle(tmp_path, audit)
   print(f"worker:1 lost in epoch 0, a member again from epoch {back[0]} of {epochs}")
+
+
+def _newest_mid_epoch(model_dir: str):
+  state = tf.train.get_checkpoint_state(os.path.join(model_dir, "mid_epoch"))
+  return state.model_checkpoint_path if state else None
+
+
+@pytest.mark.timeout(300)
+def test_a_mid_epoch_checkpoint_saves_each_workers_own_position_and_the_job_resumes_it(
+    tmp_path):
+  """worker:1 is SIGKILLed inside a unit of epoch 0 (its count stops, the others' go on);
+  after the next mid-epoch save the chief is killed (the job stops: a lost chief is not
+  elastic). The checkpoint holds each worker's own batches in the model (not the step count:
+  the workers are not in lockstep), equal to what the workers recorded before the save's
+  step; the job relaunched whole resumes it and every epoch has every unit once and whole."""
+  model_dir, logs = str(tmp_path / "model"), str(tmp_path / "logs")
+  command = [c for c in _command(tmp_path) if "save_checkpoint" not in c]
+  command += ["--epochsync_save_checkpoint_secs=0", "--epochsync_save_checkpoint_steps=3"]
+  with LocalCluster(num_workers=WORKERS, timeout_secs=150, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(command, per_task_args={"worker:1": ["--slowdown=4"],
+                                          "worker:0": ["--step_sleep_secs=0.1"]})
+    kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"), UNITS,
+                       time.monotonic() + 90, min_batches=6)
+    wait_for(os.path.join(logs, "worker-0.log"), "worker:1 is lost in epoch 0",
+             time.monotonic() + 60)
+    before = _newest_mid_epoch(model_dir)
+    deadline = time.monotonic() + 60
+    while _newest_mid_epoch(model_dir) == before and time.monotonic() < deadline:
+      time.sleep(0.02)
+    cluster.kill_task("worker:0")
+    cluster.wait()
+  path = _newest_mid_epoch(model_dir)
+  assert path != before and read_audit(model_dir) == [], "the save came after epoch 0"
+  step = int(checkpoint_value(path, "global_step"))
+  applied = checkpoint_value(path, "epochsync/mid_epoch/applied")
+  for w in range(WORKERS):
+    rows = [json.loads(r) for r in open(tmp_path / f"steps-worker-{w}.jsonl")]
+    held = sum(1 for r in rows if r["epoch"] == 0 and r["step"] < step)
+    assert applied[w] == held, (w, list(applied), step)  # epoch 0: no EPOCH_SHIFT
+  assert len(set(applied)) > 1, applied  # worker:1's stopped at its death: not the step
+  again = run_cluster(command, num_workers=WORKERS, timeout_secs=150,
+                      log_dir=str(tmp_path / "logs-again"))
+  assert {n: r.returncode for n, r in again.tasks.items()} == {
+      f"worker:{w}": 0 for w in range(WORKERS)}, [
+          (t.name, t.returncode, t.tail()) for t in again.tasks.values()]
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1]
+  for line in audit:  # every unit once, whole, whoever trained which part
+    assert sorted(u["index"] for u in line["units"]) == list(range(len(UNITS))), line
+    for u in line["units"]:
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u

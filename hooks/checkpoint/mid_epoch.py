@@ -111,6 +111,9 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
     sync_hook: the chief's `SafeSyncTokensHook`: save between two aggregations. None: save
       from after_run (asynchronous training).
     saver: a `Saver` whose SaverDef is used (max_to_keep 2); default: the Scaffold's.
+    positions: (elastic synchronous) per worker, epoch * EPOCH_SHIFT + its batches in the model
+      (the work queue's `accepted`): saved as each worker's own position, as asynchronous
+      training's applied counts, since an elastic job's workers are not in lockstep.
 
   Raises:
     ConfigError: not the chief's barrier, no checkpoint_dir, or not exactly one period > 0.
@@ -119,7 +122,8 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
   def __init__(self, epoch_input: EpochInput, barrier: Any, checkpoint_dir: str,
                save_secs: float = 600.0, save_steps: int = 0, sync_hook: Any = None,
                saver: Optional[_v1.train.Saver] = None, checkpoint_basename: str = "model.ckpt",
-               ps_device: str = "/job:ps/task:0", clock: Callable[[], float] = time.monotonic):
+               ps_device: str = "/job:ps/task:0", clock: Callable[[], float] = time.monotonic,
+               positions: Optional[tf.Variable] = None):
     if not checkpoint_dir or not barrier.is_chief or (save_secs > 0) == (save_steps > 0):
       raise ConfigError(
           f"MidEpochSaveHook needs the chief's barrier, a checkpoint_dir and exactly one of "
@@ -128,7 +132,7 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
     self._secs, self._steps_period, self._clock = float(save_secs), int(save_steps), clock
     self._sync, self._base_saver, self._basename = sync_hook is not None, saver, checkpoint_basename
     self._saver: Optional[_v1.train.Saver] = None
-    self._ps, self._ready = ps_device, False
+    self._ps, self._ready, self._positions = ps_device, False, positions
     self.saved: list = []
     if sync_hook is not None:
       sync_hook.on_aggregated(self._after_aggregation)
@@ -140,7 +144,11 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
     self._global_step = _v1.train.get_global_step()
     with tf.name_scope("epochsync_mid_epoch/save"):
       self._position = _v1.placeholder(tf.int64, [5], "position")
-      with tf.control_dependencies([variables["position"].assign(self._position)]):
+      writes = [variables["position"].assign(self._position)]
+      if self._positions is not None:  # Each worker's own: in the same run as the step's.
+        n = self._barrier.num_workers
+        writes.append(variables["applied"].assign(self._positions.read_value()[:n]))
+      with tf.control_dependencies(writes):
         self._set_position = tf.cast(self._global_step, tf.int64) + 0
       completed = [v for v in _v1.global_variables()
                    if v.op.name == "epochsync/completed_epochs"]  # The barrier's.
@@ -185,7 +193,7 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
         "resume exactly, put hooks.MidEpochRestoreHook(model_dir, num_workers) before the "
         "RunStartHook in the chief's hooks (hooks.epoch_sync_hooks does)",
         tf.train.latest_checkpoint(self._dir) or "no checkpoint", newer, saved[EPOCH],
-        f"{saved[STEPS]} synchronous steps" if saved[STEPS] >= 0 else "asynchronous updates")
+        f"{saved[STEPS]} synchronous steps" if saved[STEPS] >= 0 else "per-worker positions")
 
   def _after_aggregation(self, session, grads: int) -> None:
     """Synchronous: the aggregation thread, after a run that applied a step (grads > 0)."""
@@ -195,7 +203,9 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
       self._epoch, self._epoch_steps = self._epoch + 1, 0
       return
     self._epoch_steps += 1
-    self._maybe_save(session, self._epoch, self._epoch_steps, 1)
+    # Elastic: -1, each worker's own position (`positions`), as asynchronous training's.
+    steps = -1 if self._positions is not None else self._epoch_steps
+    self._maybe_save(session, self._epoch, steps, 1)
 
   def before_run(self, run_context):
     return None if self._sync else _v1.train.SessionRunArgs(self._global_step)
@@ -228,7 +238,7 @@ class MidEpochSaveHook(_v1.train.SessionRunHook):
           global_step=step, write_meta_graph=False), "the mid-epoch checkpoint save", task)
     logging.info("chief saved a mid-epoch checkpoint of epoch %d (%s, global_step %d) to %s in "
                  "%.2f s", epoch, f"{epoch_steps} synchronous steps" if epoch_steps >= 0 else
-                 "asynchronous", step, path, time.monotonic() - start)
+                 "each worker's own position", step, path, time.monotonic() - start)
     self.saved.append(path)
     self._since, self._last = 0, self._clock()
 

@@ -91,7 +91,8 @@ STEP_TIMEOUT_SECS = _define_secs(
     "progress (a save of the chief counts as progress) before raising; in asynchronous "
     "training, seconds one step may stay in session.run before its process ends (exit 1); "
     "with --epochsync_elastic, seconds a worker may answer no probe before the chief treats "
-    "it as lost (frozen).")
+    "it as lost (frozen; half of it in synchronous training, whose steps wait for it until "
+    "then).")
 WARN_AFTER_SECS = _define_secs(
     "epochsync_warn_after_secs", _DEFAULTS.warn_after_secs,
     "A wait whose tasks made no progress for longer than this logs a WARNING naming them; "
@@ -138,7 +139,8 @@ CLAIM_TIMEOUT_SECS = _define_secs(
 ELASTIC = flags.DEFINE_bool(
     "epochsync_elastic", _DEFAULTS.elastic,
     "A lost worker does not stop the job: the chief takes its unit back into the work queue and "
-    "the others go on (asynchronous training through a work queue; docs/elastic.md).")
+    "the others go on (training through a work queue, asynchronous or synchronous; "
+    "docs/elastic.md).")
 
 
 @flags.multi_flags_validator([SAVE_CHECKPOINT_SECS.name, SAVE_CHECKPOINT_STEPS.name])

@@ -37,7 +37,8 @@ class EpochSyncSettings:
     startup_timeout_secs: `float` deadline for every task to come up, > 0.
     step_timeout_secs: `float` longest wait of one synchronous step without progress, and
       longest asynchronous step (hooks.faults.stuck_step), > 0; with `elastic`, the longest a
-      worker may answer no probe before the chief treats it as lost.
+      worker may answer no probe before the chief treats it as lost (half of it when
+      synchronous).
     warn_after_secs: `float` a wait logs a WARNING after this long; > 0, < barrier_timeout_secs.
     log_every_secs: `float` period of the "still waiting" INFO lines, >= 0.001.
     progress_secs: `float` period of a worker's progress line within a long epoch, > 0.
@@ -49,7 +50,7 @@ class EpochSyncSettings:
     unit_shuffle: `bool` reshuffle a work queue's units every epoch (False: their order as given).
     claim_timeout_secs: `float` how long a work queue's claim may go unanswered, > 0.
     elastic: `bool` a lost worker does not stop the job: the chief takes its unit back and the
-      others go on (asynchronous training through a work queue; docs/elastic.md).
+      others go on (training through a work queue; docs/elastic.md).
 
   Raises:
     ConfigError: listing every invalid field with its value, the rule and the flag that sets it.

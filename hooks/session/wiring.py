@@ -151,7 +151,9 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))
     if mid_epoch:  # Between two aggregations (sync), or after the chief's steps (async).
-      hooks.append(MidEpochSaveHook(epoch_input, barrier, model_dir, secs, steps, sync))
+      hooks.append(MidEpochSaveHook(
+          epoch_input, barrier, model_dir, secs, steps, sync,
+          positions=queue.claims.ops.accepted if settings.elastic and sync else None))
   if config.is_chief and (summary_dir or model_dir):  # After the save: it reports its step.
     hooks.append(EpochSummaryHook(barrier, summary_dir or model_dir))
   hooks.append(EpochProgressHook(epoch_input, every_secs=settings.progress_secs))

@@ -76,7 +76,8 @@ def elastic_aggregate_op(opt: _v1.train.Optimizer, steps: ElasticSteps, num_work
     token = tf.raw_ops.Merge(inputs=[unchanged, applied]).output  # the step the tokens carry
     live = tf.logical_not(stopped)
     receivers = tf.where(live, grads_of + idle_of, tf.zeros_like(grads_of))
-    owed = steps.after_tokens(receivers, token)
+    applied_of = tf.where(has_grads, grads_of, tf.zeros_like(grads_of))
+    owed = steps.after_tokens(receivers, token, applied_of)
     with tf.control_dependencies([owed]):
       # One token per receiver, in worker order; none after a STOP marker.
       pieces = tf.split(tf.fill(tf.reshape(tf.reduce_sum(receivers), [1]), token), receivers,

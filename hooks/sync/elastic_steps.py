@@ -33,6 +33,7 @@ from typing import Any, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from hooks import graph_keys
 from hooks.errors import FENCED_MARK, ConfigError
 from hooks.sync.aggregation_graph import DONE, GRAD
 from hooks.workqueue import elastic_graph
@@ -51,18 +52,24 @@ class ElasticSteps:
 
   Args:
     queue: the work queue's QueueOps (built elastic, registered for a synchronous job).
-    markers: the optimizer's marker queue (worker id, kind, local step), on `step`'s task.
+    state: the optimizer's PsState (its marker queue and completed epochs, on `step`'s task).
     step: the variable that numbers the synchronous steps.
     num_workers: the job's workers.
   """
 
-  def __init__(self, queue: Any, markers: Any, step: tf.Variable, num_workers: int):
-    self._queue, self._markers, self._n = queue, markers, num_workers
+  def __init__(self, queue: Any, state: Any, step: tf.Variable, num_workers: int):
+    self._queue, self._markers, self._n = queue, state.markers, num_workers
     with tf.device(step.device):  # Not saved: the chief's init sets it (`init`).
       self.owed = _v1.Variable(tf.fill([num_workers], tf.constant(-1, tf.int64)),
                                trainable=False, collections=[], use_resource=True,
                                name="owed_markers")
-    self.init = self.owed.assign(tf.fill([num_workers], tf.cast(step, tf.int64))).op
+    # The queue's `accepted` (each worker's batches in the model, a mid-epoch checkpoint's
+    # positions) counts from the running epoch's start; a resumed run's workers count from 0.
+    self._ids = tf.reshape(tf.range(num_workers, dtype=tf.int64), [num_workers, 1])
+    epoch = state.completed_epochs.read_value() * graph_keys.EPOCH_SHIFT
+    self.init = tf.group(
+        self.owed.assign(tf.fill([num_workers], tf.cast(step, tf.int64))),
+        queue.accepted.scatter_nd_update(self._ids, tf.fill([num_workers], epoch)))
 
   def gradient_queues(self, grads_and_vars, name: str, local: tf.Variable, wid: int
                       ) -> Tuple[List[Any], List[Tuple[Any, tf.Variable]]]:
@@ -106,11 +113,18 @@ class ElasticSteps:
     with tf.control_dependencies([enqueued, cleared]):
       return tf.identity(passed)
 
-  def after_tokens(self, receivers: tf.Tensor, token: tf.Tensor) -> tf.Tensor:
+  def after_tokens(self, receivers: tf.Tensor, token: tf.Tensor, applied: tf.Tensor
+                   ) -> tf.Tensor:
     """(The aggregation, before its tokens go out) Each token receiver (`receivers`: 0/1 per
-    worker) owes its next marker at `token`; a fenced one's is sent for it, as DONE."""
-    return execute_unrecorded(self._queue.lock, functools.partial(
-        self._owe, receivers > 0, token))
+    worker) owes its next marker at `token`; a fenced one's is sent for it, as DONE. Each
+    worker's `applied` batches (its gradient in the step applied) count as accepted."""
+
+    def account() -> tf.Tensor:
+      counted = self._queue.accepted.scatter_nd_add(self._ids, tf.cast(applied, tf.int64))
+      with tf.control_dependencies([counted]):
+        return self._owe(receivers > 0, token)
+
+    return execute_unrecorded(self._queue.lock, account)
 
   def _owe(self, owing: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) `owing` workers owe a marker at `step`; the fenced ones get theirs."""
@@ -131,7 +145,9 @@ class ElasticSteps:
 
     def start() -> tf.Tensor:
       closed = elastic_graph.close_fenced(self._queue, epoch, self._n)
-      with tf.control_dependencies([closed]):
+      counted = self._queue.accepted.scatter_nd_update(
+          self._ids, tf.fill([self._n], epoch * graph_keys.EPOCH_SHIFT))
+      with tf.control_dependencies([closed, counted]):
         return self._owe(tf.ones([self._n], tf.bool), tf.cast(step, tf.int64))
 
     return execute_unrecorded(self._queue.lock, start)

@@ -196,7 +196,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     state = step_graph.ps_state(self._name, n_workers, step)
     queue = elastic_graph.registered()  # An elastic work queue: a lost worker is no stop.
     elastic = (None if queue is None else
-               elastic_steps.ElasticSteps(queue, state.markers, step, n_workers))
+               elastic_steps.ElasticSteps(queue, state, step, n_workers))
     with tf.name_scope(self._name):
       if elastic is None:
         applies, accums = step_graph.accumulate(grads_and_vars, self._name,

@@ -11,7 +11,7 @@ So a batch counts in the model exactly when it passed the gate, whether its work
 before or after, and a woken or relaunched process never trains a batch twice.
 
 Typical usage (queue_graph.build does it with elastic=True; the input adds the gate):
-  gated, closed, joined_by = (per_worker(name, init) for name, init in VARIABLES)
+  gated, closed, joined_by, accepted = (per_worker(name, init) for name, init in VARIABLES)
   reclaim = reclaim_ops(lock, state, gated, closed, layout)
   gate_op = gate(queue_ops, worker_id=1, after=take_batch_op)
 """
@@ -34,7 +34,7 @@ __all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "VAR
 _v1 = tf.compat.v1
 # The per-worker vectors of an elastic queue (name, initial value).
 VARIABLES = (("epochsync/workqueue/gated", 0), ("epochsync/workqueue/closed", -1),
-             ("epochsync/workqueue/joined_by", 0))
+             ("epochsync/workqueue/joined_by", 0), ("epochsync/workqueue/accepted", 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +74,10 @@ class ReclaimOps:
 def per_worker(name: str, initial: int) -> tf.Variable:
   """A per-worker int64 vector of the queue's (VARIABLES), used only inside its lock: `gated`
   (epoch * EPOCH_SHIFT + the worker's epoch batch count: set by each claim, one more per batch
-  that passed the gate), `closed` and `joined_by` (MembershipOps). In checkpoints like the rest
-  of the state, though each run sets them again (its claims, its reset)."""
+  that passed the gate), `closed` and `joined_by` (MembershipOps), `accepted` (synchronous:
+  epoch * EPOCH_SHIFT + the worker's batches in the model, counted by the aggregation;
+  hooks.sync.elastic_steps). In checkpoints like the rest of the state, though each run sets
+  them again (its claims, its reset, the sync optimizer's init)."""
   var = _v1.get_variable(name, [MAX_WORKERS], tf.int64, _v1.constant_initializer(initial),
                          trainable=False, use_resource=True)
   _v1.add_to_collection(graph_keys.STATE_VARIABLES, var)

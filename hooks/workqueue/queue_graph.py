@@ -81,6 +81,7 @@ class QueueOps:
   state_variable: "tf.Variable | None" = None  # the variable `vector` reads
   membership: "MembershipOps | None" = None  # with elastic: a relaunched worker's rejoin
   closed: "tf.Variable | None" = None  # with elastic: per worker, the last epoch it is closed
+  accepted: "tf.Variable | None" = None  # with elastic: per worker, its batches in the model
 
 
 def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
@@ -104,8 +105,9 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     feeds["wanted"] = _v1.placeholder_with_default(tf.constant(ANY, tf.int64), [], "wanted")
     lock = tf.CriticalSection(name="lock", shared_name="epochsync_workqueue_lock")
     order_of = functools.partial(_order, num_units, seed, shuffle)
-    gated, closed, joined_by = ([elastic_graph.per_worker(*v) for v in elastic_graph.VARIABLES]
-                                if elastic else (None, None, None))
+    gated, closed, joined_by, accepted = (
+        [elastic_graph.per_worker(*v) for v in elastic_graph.VARIABLES] if elastic
+        else (None,) * len(elastic_graph.VARIABLES))
     claim = functools.partial(_claim, state, feeds, layout, order_of,
                               fingerprint_value(fingerprint), gated)
     result = execute_unrecorded(lock, claim)
@@ -122,7 +124,7 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
                   new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
                   lock=lock if elastic else None, gated=gated, state_variable=state,
-                  membership=membership, closed=closed, **feeds)
+                  membership=membership, closed=closed, accepted=accepted, **feeds)
 
 
 def _assign(state, vector) -> tf.Tensor:
