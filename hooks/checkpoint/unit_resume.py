@@ -78,7 +78,7 @@ class UnitResumeHook(_v1.train.SessionRunHook):
     steps = position[STEPS]
     if steps >= 0:  # Synchronous: the model holds steps 0..S-1 of every worker.
       position_of = lambda owner: steps
-    else:  # Asynchronous: each owner's applied batches of this epoch.
+    else:  # Asynchronous (or elastic synchronous): each owner's batches of this epoch.
       position_of = lambda owner: _applied(applied, owner, position[EPOCH])
     self.plan = plan_resume(saved, ops.layout, position_of, resumed_step=max(steps, 0))
     self._record(position[EPOCH], parts)

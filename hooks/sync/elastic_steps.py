@@ -100,8 +100,8 @@ class ElasticSteps:
       sent = tf.cast(local, tf.int64)
       passed = execute_unrecorded(self._queue.lock, functools.partial(
           self._send_marker, wid, kind, sent, kind == GRAD))
-      return tf.debugging.Assert(passed, [tf.constant(
-          f"{FENCED_MARK}: worker id {wid}, found lost by the chief")], name="fence")
+      return tf.group(tf.debugging.Assert(passed, [tf.constant(
+          f"{FENCED_MARK}: worker id {wid}, found lost by the chief")], name="fence"))
 
   def _send_marker(self, wid: int, kind: int, sent: tf.Tensor, count: bool) -> tf.Tensor:
     passed = elastic_graph.admit(self._queue, wid, count=count)

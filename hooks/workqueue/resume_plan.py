@@ -4,7 +4,8 @@ A mid-epoch checkpoint holds the queue's state as the chief saved it, beside the
 unit handed out has an owner and the owner's epoch batch count when it took it (first_batch);
 the model holds the owner's batches up to its *position* at the save: the synchronous step S
 for every worker (its k-th batch went into step k), or, asynchronously, the owner's own count
-of applied batches. So the model holds `position - first_batch` batches of the unit, at most
+of applied batches (elastic synchronous training saves each worker's own count too: its steps
+are not in lockstep with the others'). So the model holds `position - first_batch` batches of the unit, at most
 its batches when it was finished. From that the plan sorts every unit:
   - done: finished, and all its batches in the model: it keeps its record (owner, counts), and
     stays done at every later resume of the epoch (its owner's count was an earlier attempt's);

@@ -1,0 +1,68 @@
+"""What an elastic job's hooks refuse before the first step (hooks.session.wiring), and what a
+synchronous one wires (hooks.session.elastic_sync): docs/elastic.md, "Turning it on"."""
+
+import pytest
+import tensorflow as tf
+
+from hooks.config.cluster import ClusterConfig
+from hooks.config.settings import EpochSyncSettings
+from hooks.data.epoch_input import EpochInput
+from hooks.elastic import LostWorkerWatch
+from hooks.errors import ConfigError
+from hooks.session.wiring import epoch_sync_hooks
+from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
+from hooks.workqueue import work_queue_input
+from hooks.workqueue.units import WorkUnit
+from tf_unit import graph, v1  # noqa: F401  (graph: a fresh graph per test)
+
+CHIEF = ClusterConfig({"chief": ["localhost:1"], "worker": ["localhost:2"],
+                       "ps": ["localhost:3"]}, "chief", 0)
+
+
+def _settings(sync):
+  return EpochSyncSettings(num_epochs=1, sync=sync, elastic=True, save_checkpoint_secs=0)
+
+
+def _queue_input(settings):
+  units = [WorkUnit("", 0, 4), WorkUnit("", 4, 8)]
+  return work_queue_input(units, lambda u: tf.data.Dataset.range(4).batch(2), num_epochs=1,
+                          num_workers=2, worker_id=0, task_name="chief:0", ps_device="",
+                          settings=settings)
+
+
+def _sync_hook(epoch_input):
+  batch = tf.cast(epoch_input.get_next(), tf.float32)
+  weight = v1.Variable(1.0)
+  opt = WorkerDoneSyncReplicasOptimizer(v1.train.GradientDescentOptimizer(0.1), num_workers=2,
+                                        worker_id=0, worker_names=["chief:0", "worker:0"])
+  opt.minimize(tf.reduce_sum(batch * weight), global_step=v1.train.get_or_create_global_step())
+  return opt.make_session_run_hook(is_chief=True)
+
+
+def test_elastic_without_a_work_queue_is_refused(graph):
+  shard = EpochInput(tf.data.Dataset.range(6).batch(2), num_epochs=1, task_name="chief:0")
+  with pytest.raises(ConfigError, match="needs a work queue"):
+    epoch_sync_hooks(CHIEF, shard, _settings(sync=False))
+
+
+def test_a_sync_optimizer_in_a_job_set_asynchronous_is_refused(graph):
+  epoch_input = _queue_input(_settings(sync=False))
+  with pytest.raises(ConfigError, match="--epochsync_sync=false but a sync optimizer"):
+    epoch_sync_hooks(CHIEF, epoch_input, _settings(sync=False),
+                     sync_hook=_sync_hook(epoch_input))
+
+
+def test_a_synchronous_job_without_its_sync_optimizer_is_refused(graph):
+  with pytest.raises(ConfigError, match="--epochsync_sync=true but no sync optimizer"):
+    epoch_sync_hooks(CHIEF, _queue_input(_settings(sync=True)), _settings(sync=True))
+
+
+def test_a_synchronous_elastic_job_wires_idle_steps_and_the_lost_marker(graph):
+  settings = _settings(sync=True)
+  epoch_input = _queue_input(settings)
+  hook = _sync_hook(epoch_input)
+  assert hook.optimizer.sync_ops.idle_op is not None  # built over the registered queue
+  hooks = epoch_sync_hooks(CHIEF, epoch_input, settings, sync_hook=hook)
+  watch = next(h for h in hooks if isinstance(h, LostWorkerWatch))
+  assert watch._on_lost is not None and watch._stalled_after == settings.step_timeout_secs / 2
+  assert epoch_input.passes.claims.while_waiting is not None
