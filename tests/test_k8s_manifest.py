@@ -1,5 +1,6 @@
 """examples/k8s/: every replica's TF_CONFIG (as the training operator builds it) and EPOCHSYNC_*
-environment give one consistent cluster and one set of settings (tfjob.yaml, ctr-tfjob.yaml); the
+environment give one consistent cluster and one set of settings (tfjob.yaml, ctr-tfjob.yaml,
+elastic-tfjob.yaml); the
 CTR job reads what ctr-data.yaml writes; each NetworkPolicy admits its own job's pods only; and
 every manifest uses the restart policy docs/deploy.md and docs/quickstart-k8s.md recommend."""
 
@@ -220,6 +221,7 @@ def test_the_network_policy_admits_the_jobs_pods_on_the_training_port_and_nothin
 
 K8S = os.path.dirname(MANIFEST)
 CTR_MANIFEST = os.path.join(K8S, "ctr-tfjob.yaml")
+ELASTIC_MANIFEST = os.path.join(K8S, "elastic-tfjob.yaml")
 CTR_DATA = os.path.join(K8S, "ctr-data.yaml")
 CTR_POLICY = os.path.join(K8S, "ctr-networkpolicy.yaml")
 DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs")
@@ -244,7 +246,7 @@ def test_the_documented_restart_policy_is_the_one_every_tested_manifest_uses():
   policies = {p for v in recommended.values() for p in v}
   assert len(policies) == 1, recommended
   policy = policies.pop()
-  for path in (MANIFEST, CTR_MANIFEST):
+  for path in (MANIFEST, CTR_MANIFEST, ELASTIC_MANIFEST):
     job = _load(path)
     used = {s["restartPolicy"] for s in job["spec"]["tfReplicaSpecs"].values()}
     assert used == {policy}, (path, used, recommended)
@@ -360,3 +362,23 @@ def test_every_test_the_quick_start_names_exists():
   for path, test in named:
     with open(os.path.join(root, path)) as f:
       assert re.search(rf"^def {test}\(", f.read(), re.M), f"{path}::{test}"
+
+
+def test_the_elastic_job_agrees_on_the_cluster_and_turns_elastic_synchronous_training_on():
+  job = _load(ELASTIC_MANIFEST)
+  specs = job["spec"]["tfReplicaSpecs"]
+  assert {t: s["replicas"] for t, s in specs.items()} == {"Chief": 1, "Worker": 3, "PS": 2}
+  configs = [ClusterConfig.from_tf_config(c) for c in operator_tf_configs(job).values()]
+  assert {c.worker_names for c in configs} == {("chief:0", "worker:0", "worker:1", "worker:2")}
+  envs = [_env(s) for s in specs.values()]
+  assert all(env == envs[0] for env in envs)
+  with flagsaver.flagsaver():
+    was_parsed = flags.FLAGS.is_parsed()
+    if was_parsed:
+      flags.FLAGS.unparse_flags()
+    settings = epochsync_flags.settings_from_flags(env=envs[0])
+  if was_parsed:
+    flags.FLAGS(["prog"])
+  assert settings.elastic and settings.sync
+  commands = {tuple(_container(s)["command"]) for s in specs.values()}
+  assert len(commands) == 1 and any(a.startswith("--unit_batches=") for a in commands.pop())
