@@ -12,7 +12,7 @@
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
                              save_stall, run_cost, work_queue, work_queue_sync, claim_cost,
                              step_runner_cost, queue_step_cost, elastic_gate, elastic_cost,
-                             elastic_sync
+                             elastic_sync, elastic_sync_step
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
@@ -66,6 +66,9 @@ _FULL = {
         "--repetitions=5", "--output={out}.json"]),
     "elastic_cost": ("bench.elastic_cost", ["--repetitions=3", "--output={out}.json"]),
     "elastic_sync": ("bench.elastic_cost", ["--sync", "--repetitions=3", "--output={out}.json"]),
+    "elastic_sync_step": ("bench.elastic_cost", ["--sync", "--step_cost_only",
+                                                 "--step_sleep_secs=0", "--repetitions=5",
+                                                 "--output={out}.json"]),
 }
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),

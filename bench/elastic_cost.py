@@ -52,6 +52,9 @@ _KILL_AFTER = flags.DEFINE_float("kill_after_secs", 0.2, "The kill comes this lo
 _SAVE_SECS = flags.DEFINE_float("save_checkpoint_secs", 600.0, "Mid-epoch checkpoint period "
                                 "of the stop-and-relaunch job.")
 _SYNC = flags.DEFINE_bool("sync", False, "Synchronous training (a sync optimizer).")
+_STEP_COST = flags.DEFINE_bool("step_cost_only", False, "With --sync: only `plain` and "
+                               "`uninterrupted`, to time elastic synchronous steps (use with "
+                               "--step_sleep_secs=0).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 
 _TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_task.py")
@@ -126,6 +129,9 @@ def _job(kind: str) -> Dict[str, float]:
     audit = read_audit(model_dir)
     epoch = audit[1]["released_at"] - audit[0]["released_at"]
     row["unit_secs"] = round(epoch * _WORKERS / _TOTAL.value * _UNIT.value, 3)
+    # The steps after epoch 0 (start-up apart): seconds per global step.
+    row["step_secs"] = round((audit[-1]["released_at"] - audit[0]["released_at"]) /
+                             (audit[-1]["global_step"] - audit[0]["global_step"]), 5)
   return row
 
 
@@ -134,12 +140,20 @@ def main(argv):
   runs = []
   for rep in range(_REPETITIONS.value):
     row = {"repetition": rep, "load_before": common.load_average()}
-    for kind in (("plain",) if _SYNC.value else ()) + ("uninterrupted", "elastic",
-                                                       "stop_relaunch"):
+    kinds = ("uninterrupted",) if _STEP_COST.value else ("uninterrupted", "elastic",
+                                                         "stop_relaunch")
+    for kind in (("plain",) if _SYNC.value else ()) + kinds:
       row[kind] = _job(kind)
-    if _SYNC.value:  # What elastic synchronous steps cost, the whole job's wall time.
+    if _SYNC.value:  # What elastic synchronous steps cost: per step, and the whole job.
       row["elastic_over_plain"] = round(row["uninterrupted"]["wall_secs"] /
                                         row["plain"]["wall_secs"], 3)
+      row["step_over_plain"] = round(row["uninterrupted"]["step_secs"] /
+                                     row["plain"]["step_secs"], 3)
+    if _STEP_COST.value:
+      row["load_after"] = common.load_average()
+      runs.append(row)
+      print(row, flush=True)
+      continue
     base = row["uninterrupted"]["wall_secs"]
     for kind in ("elastic", "stop_relaunch"):
       row[kind]["loss_secs"] = round(row[kind]["wall_secs"] - base, 3)
@@ -155,6 +169,17 @@ def main(argv):
     runs.append(row)
     print(row, flush=True)
   median = lambda key, field: statistics.median(r[key][field] for r in runs)
+  if _STEP_COST.value:
+    summary = {"elastic_over_plain": statistics.median(r["elastic_over_plain"] for r in runs),
+               "step_over_plain": statistics.median(r["step_over_plain"] for r in runs),
+               "plain_wall_secs": median("plain", "wall_secs"),
+               "elastic_wall_secs": median("uninterrupted", "wall_secs")}
+    print("medians:", summary, flush=True)
+    common.write_results(_OUTPUT.value, {"runs": runs, "medians": summary}, sys.argv,
+                         workers=_WORKERS, total_batches=_TOTAL.value,
+                         unit_batches=_UNIT.value, epochs=_EPOCHS.value,
+                         step_sleep_secs=_SLEEP.value, sync=True)
+    return
   summary = {"elastic_loss_secs": median("elastic", "loss_secs"),
              "detection_secs": median("elastic", "detection_secs"),
              "bound_secs": median("elastic", "bound_secs"),
@@ -162,7 +187,8 @@ def main(argv):
              "ratio_measured": statistics.median(r["ratio_measured"] for r in runs),
              "ratio_at_600s": statistics.median(r["ratio_at_600s"] for r in runs)}
   if _SYNC.value:
-    summary["elastic_over_plain"] = statistics.median(r["elastic_over_plain"] for r in runs)
+    for key in ("elastic_over_plain", "step_over_plain"):
+      summary[key] = statistics.median(r[key] for r in runs)
   print("medians:", summary, flush=True)
   common.write_results(_OUTPUT.value, {"runs": runs, "medians": summary}, sys.argv,
                        workers=_WORKERS, total_batches=_TOTAL.value, unit_batches=_UNIT.value,
