@@ -75,24 +75,29 @@ def recorded_steps(records_dir: str, line: dict) -> Dict[int, List[Tuple[int, in
 
 
 def assert_equals_the_oracle(records_dir: str, audit: list, units: Sequence[int], batch: int,
-                             features: int = 16, learning_rate: float = 0.05) -> None:
+                             features: int = 16, learning_rate: float = 0.05,
+                             model: str = "linear") -> None:
   """Each epoch has every batch in exactly one step, its steps follow on, and the model equals
-  the oracle of the recorded steps (examples.train's linear model, plain SGD) to 1e-5."""
+  the oracle of the recorded steps (examples.train's `model`, plain SGD) to 1e-5."""
   from examples import train  # pylint: disable=g-import-not-at-top
   from hooks.testing import oracle  # pylint: disable=g-import-not-at-top
   from cluster_checks import checkpoint_value, steps_sgd  # pylint: disable=g-import-not-at-top
-  inputs, labels = train.unit_arrays("linear", list(units), batch, features)
+  inputs, labels = train.unit_arrays(model, list(units), batch, features)
   starts = np.cumsum([0] + list(units[:-1])) * batch
   rows = lambda unit, k: slice(starts[unit] + k * batch, starts[unit] + (k + 1) * batch)
-  params, total = {"w": np.zeros(features), "b": np.zeros(())}, 0
+  if model == "embedding":
+    params = {"emb": np.zeros((features, train.EMBEDDING_DIM)), "b": np.zeros(())}
+    gradients = oracle.embedding_mse_gradients
+  else:
+    params, gradients = {"w": np.zeros(features), "b": np.zeros(())}, oracle.linear_mse_gradients
+  total = 0
   for line in audit:
     steps = recorded_steps(records_dir, line)
     assert sorted(b for s in steps.values() for b in s) == sorted(
         (u, k) for u in range(len(units)) for k in range(units[u])), "a batch twice or never"
     assert sorted(steps) == list(range(total, total + len(steps))), "a step without a batch"
     params = steps_sgd(params, [[(inputs[rows(*b)], labels[rows(*b)]) for b in steps[s]]
-                                for s in sorted(steps)], oracle.linear_mse_gradients,
-                       learning_rate)
+                                for s in sorted(steps)], gradients, learning_rate)
     total += len(steps)
   checkpoint = audit[-1]["checkpoint"]
   assert checkpoint_value(checkpoint, "global_step") == total

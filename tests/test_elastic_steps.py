@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hooks.errors import FENCED_MARK, ConfigError
+from hooks.errors import FENCED_MARK
+from hooks.sync import gradient_queues
 from hooks.sync.aggregation_graph import DONE, GRAD
 from hooks.sync.elastic_steps import IDLE, ElasticSteps
 from local_queue import LocalQueue
@@ -95,30 +96,47 @@ def test_the_aggregation_sends_a_fenced_receivers_next_marker_and_no_one_elses()
   assert s.run(s.lost, {s.lost_worker: 2}) == 0  # never twice
 
 
-def test_the_mean_takes_the_steps_senders_gradients_only():
+def _mean(rows, sparse_rows=None):
+  """gradient_queues.mean over a dense queue (and a sparse one) filled with `rows` (worker,
+  step, gradient), for senders 0 and 2 at step 7."""
   graph = tf.Graph()
   with graph.as_default():
-    queue = tf.queue.FIFOQueue(-1, [tf.int32, tf.int64, tf.float32], shapes=[(), (), (2,)])
-    var = _v1.Variable([0.0, 0.0])
-    rows = [(0, 7, [1.0, 2.0]), (1, 7, [100.0, 100.0]),  # worker 1 sent no marker
-            (2, 6, [50.0, 50.0]),  # a late gradient of an earlier step
-            (2, 7, [3.0, 4.0])]
-    fill = [queue.enqueue((tf.constant(w), tf.constant(s, tf.int64), tf.constant(g)))
-            for w, s, g in rows]
-    senders = tf.constant([1, 0, 1])
-    g_on = tf.constant(2)
-    [(mean, _)] = ElasticSteps.mean_gradients([(queue, var)], senders, tf.constant(7, tf.int64),
-                                              g_on, g_on)
+    var = _v1.Variable(tf.zeros([4, 2]))
+    local = _v1.Variable(0, dtype=tf.int64)
+    fills, queues = [], []
+    for w, step, grad in rows:
+      enqueues, queues = gradient_queues.build([(grad(), var)], "opt", local, w)
+      fills.append((step, enqueues))
+    senders, g_on = tf.constant([1, 0, 1]), tf.constant(2)
+    [(mean, _)] = gradient_queues.mean(queues, senders, tf.constant(7, tf.int64), g_on, g_on)
+    if isinstance(mean, tf.IndexedSlices):
+      mean = tf.math.unsorted_segment_sum(mean.values, mean.indices, 4)
     with _v1.Session() as session:
-      session.run(fill)
-      np.testing.assert_allclose(session.run(mean), [2.0, 3.0])
-      assert session.run(queue.size()) == 0  # the rest is dropped
+      session.run(_v1.global_variables_initializer())
+      for step, enqueues in fills:
+        session.run(local.assign(step))
+        session.run(enqueues)
+      return session.run(mean), session.run(queues[0].queue.size())
 
 
-def test_a_sparse_gradient_is_a_config_error_that_names_the_variable():
-  s = _Steps()
-  with s.queue.graph.as_default():
-    table = _v1.Variable(tf.zeros([4, 2]), name="table")
-    sparse = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1]), tf.constant([4, 2]))
-    with pytest.raises(ConfigError, match="table.*sparse.*--epochsync_sync=false"):
-      s.steps.gradient_queues([(sparse, table)], "opt", s.local, 0)
+def test_the_mean_takes_the_steps_senders_gradients_only():
+  dense = lambda value: lambda: tf.fill([4, 2], value)
+  rows = [(0, 7, dense(1.0)), (1, 7, dense(100.0)),  # worker 1 sent no marker
+          (2, 6, dense(50.0)),  # a late gradient of an earlier step
+          (2, 7, dense(3.0))]
+  mean, left = _mean(rows)
+  np.testing.assert_allclose(mean, np.full([4, 2], 2.0))
+  assert left == 0  # the rest is dropped
+
+
+def test_a_sparse_mean_keeps_the_senders_rows_of_any_length_and_drops_the_padding():
+  def rows_of(ids, value):
+    return lambda: tf.IndexedSlices(tf.fill([len(ids), 2], value), tf.constant(ids),
+                                    tf.constant([4, 2]))
+  rows = [(0, 7, rows_of([0, 3], 1.0)),
+          (1, 7, rows_of([0, 1, 2], 100.0)),  # no marker
+          (2, 6, rows_of([1], 50.0)),  # late
+          (2, 7, rows_of([3, 3, 1], 2.0))]  # repeated ids are summed
+  mean, left = _mean(rows)
+  np.testing.assert_allclose(mean, [[0.5, 0.5], [1.0, 1.0], [0.0, 0.0], [2.5, 2.5]])
+  assert left == 0

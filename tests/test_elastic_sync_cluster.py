@@ -39,7 +39,7 @@ def _command(tmp_path, epochs: int = 2, step_sleep_secs: float = 0.05):
                  "--epochsync_save_checkpoint_secs=0", f"--record_steps_dir={tmp_path}"]
 
 
-def _assert_equals_the_oracle(tmp_path, audit):
+def _assert_equals_the_oracle(tmp_path, audit, model="linear"):
   """Every unit once and whole in every epoch, and the model is the oracle's of the steps the
   workers recorded."""
   for line in audit:
@@ -47,14 +47,19 @@ def _assert_equals_the_oracle(tmp_path, audit):
     assert sorted(u["index"] for u in units) == list(range(len(UNITS))), units
     for u in units:  # every unit once, whole: its batches and examples, whoever trained them
       assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
-  assert_equals_the_oracle(str(tmp_path), audit, UNITS, BATCH, FEATURES, LR)
+  assert_equals_the_oracle(str(tmp_path), audit, UNITS, BATCH, FEATURES, LR, model)
 
 
 @pytest.mark.timeout(240)
-def test_a_synchronous_job_goes_on_without_a_killed_worker_and_equals_the_oracle(tmp_path):
-  with LocalCluster(num_workers=WORKERS, timeout_secs=150, fail_fast_secs=None,
+@pytest.mark.parametrize("model", ["linear", "embedding"])
+def test_a_synchronous_job_goes_on_without_a_killed_worker_and_equals_the_oracle(tmp_path,
+                                                                                 model):
+  """The embedding model's table is partitioned over 2 ps; its gradients are sparse."""
+  with LocalCluster(num_workers=WORKERS, num_ps=2 if model == "embedding" else 1,
+                    timeout_secs=150, fail_fast_secs=None,
                     log_dir=str(tmp_path / "logs")) as cluster:
-    cluster.start(_command(tmp_path), per_task_args={"worker:1": ["--slowdown=4"]})
+    cluster.start(_command(tmp_path) + [f"--model={model}"],
+                  per_task_args={"worker:1": ["--slowdown=4"]})
     unit, _ = kill_inside_a_unit(cluster, os.path.join(cluster.log_dir, "worker-1.log"),
                                  UNITS, time.monotonic() + 90, min_batches=6)
     result = cluster.wait()
@@ -67,7 +72,7 @@ def test_a_synchronous_job_goes_on_without_a_killed_worker_and_equals_the_oracle
   lost = {u["index"]: u for u in audit[0]["units"]}[unit]
   assert lost["taken_back"]["worker"] == "worker:1", lost
   assert 0 < lost["taken_back"]["batches"] < UNITS[unit], lost
-  _assert_equals_the_oracle(tmp_path, audit)
+  _assert_equals_the_oracle(tmp_path, audit, model)
 
 
 @pytest.mark.timeout(240)

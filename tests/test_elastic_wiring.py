@@ -10,6 +10,7 @@ from hooks.data.epoch_input import EpochInput
 from hooks.elastic import LostWorkerWatch
 from hooks.errors import ConfigError
 from hooks.session.wiring import epoch_sync_hooks
+from hooks.sync.aggregation_group import AggregationGroup
 from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 from hooks.workqueue import work_queue_input
 from hooks.workqueue.units import WorkUnit
@@ -30,11 +31,12 @@ def _queue_input(settings):
                           settings=settings)
 
 
-def _sync_hook(epoch_input):
+def _sync_hook(epoch_input, name="worker_done_sync_replicas"):
   batch = tf.cast(epoch_input.get_next(), tf.float32)
   weight = v1.Variable(1.0)
   opt = WorkerDoneSyncReplicasOptimizer(v1.train.GradientDescentOptimizer(0.1), num_workers=2,
-                                        worker_id=0, worker_names=["chief:0", "worker:0"])
+                                        worker_id=0, worker_names=["chief:0", "worker:0"],
+                                        name=name)
   opt.minimize(tf.reduce_sum(batch * weight), global_step=v1.train.get_or_create_global_step())
   return opt.make_session_run_hook(is_chief=True)
 
@@ -66,3 +68,11 @@ def test_a_synchronous_elastic_job_wires_idle_steps_and_the_lost_marker(graph):
   watch = next(h for h in hooks if isinstance(h, LostWorkerWatch))
   assert watch._on_lost is not None and watch._stalled_after == settings.step_timeout_secs / 2
   assert epoch_input.passes.claims.while_waiting is not None
+
+
+def test_two_sync_optimizers_are_refused(graph):
+  settings = _settings(sync=True)
+  epoch_input = _queue_input(settings)
+  group = AggregationGroup([_sync_hook(epoch_input), _sync_hook(epoch_input, "second")])
+  with pytest.raises(ConfigError, match="takes one sync optimizer, not 2"):
+    epoch_sync_hooks(CHIEF, epoch_input, settings, sync_hook=group)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from hooks.errors import ConfigError, StepTimeoutError
+from hooks.errors import StepTimeoutError
 from hooks.faults import step_retry
 from hooks.faults.waiting import run_options
 from hooks.workqueue.unit_passes import UnitPasses
@@ -27,12 +27,7 @@ _RUN_TIMEOUT_SECS = 60.0  # the lost marker waits for nothing but the queue's lo
 def wire(queue: UnitPasses, sync_hook: Any, step_timeout_secs: float
          ) -> Callable[[Any, int], None]:
   """Sets this worker's IDLE steps; returns the chief's `on_lost(session, worker_id)`."""
-  hooks = getattr(sync_hook, "hooks", [sync_hook])
-  if len(hooks) != 1:
-    raise ConfigError(f"--epochsync_elastic takes one sync optimizer, not {len(hooks)}: each "
-                      "would count a step's batch; train the model asynchronously "
-                      "(--epochsync_sync=false), or turn elastic off")
-  opt = hooks[0].optimizer
+  opt = sync_hook.optimizer  # one (hooks.session.wiring refuses several)
   task = queue.task_name
 
   def idle(session) -> None:

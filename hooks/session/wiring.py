@@ -194,6 +194,11 @@ def _check_elastic(queue: Optional[UnitPasses], settings: EpochSyncSettings,
         f"{'a' if synchronous else 'no'} sync optimizer: the work queue (built from the "
         "settings) and the training must agree; pass the same settings to the input and the "
         "hooks, and a sync optimizer exactly when --epochsync_sync is true")
+  optimizers = len(getattr(sync_hook, "hooks", [sync_hook]))
+  if synchronous and optimizers != 1:
+    raise ConfigError(f"--epochsync_elastic takes one sync optimizer, not {optimizers} (each "
+                      "would count a step's batch): train the model asynchronously "
+                      "(--epochsync_sync=false), or turn elastic off")
   if synchronous and not getattr(getattr(sync_hook, "optimizer", None), "sync_ops", None):
     raise ConfigError("--epochsync_elastic: build the sync optimizer's train_op (minimize) "
                       "before the hooks")

@@ -16,6 +16,7 @@ from typing import Any, List, Optional, Tuple
 import tensorflow as tf
 
 from hooks.data import step_gate
+from hooks.sync import gradient_queues
 from hooks.sync.aggregation_graph import GRAD, STOP
 from hooks.sync.elastic_steps import IDLE, IDLE_ROUND, ElasticSteps
 
@@ -26,7 +27,7 @@ _v1 = tf.compat.v1
 
 def elastic_aggregate_op(opt: _v1.train.Optimizer, steps: ElasticSteps, num_workers: int,
                          divide_by_initial: bool, state: Any,
-                         queues: List[Tuple[Any, tf.Variable]], step: tf.Variable,
+                         queues: List[gradient_queues.GradientQueue], step: tf.Variable,
                          extra_step: Optional[tf.Variable] = None,
                          begun: Optional[tf.Variable] = None) -> tf.Tensor:
   """One run: one step's markers, the mean of its senders' gradients, the tokens.
@@ -35,7 +36,7 @@ def elastic_aggregate_op(opt: _v1.train.Optimizer, steps: ElasticSteps, num_work
   IDLE_ROUND (IDLE markers only: nothing applied, tokens of the same step), or < IDLE_ROUND (a
   STOP marker: nothing changed). `state`: the optimizer's PsState.
   """
-  started = step_gate.gate_ops([var.device for _, var in queues], step.device,
+  started = step_gate.gate_ops([q.var.device for q in queues], step.device,
                                "aggregation_started")
   with tf.device(step.device), tf.control_dependencies(started):
     started = started + ([begun.assign_add(1).op] if begun is not None else [])
@@ -64,7 +65,7 @@ def elastic_aggregate_op(opt: _v1.train.Optimizer, steps: ElasticSteps, num_work
               "step:", ids, kinds, marked, step_now], summarize=64)
   divisor = num_workers if divide_by_initial else g_on
   with tf.control_dependencies([check]):
-    taken = ElasticSteps.mean_gradients(queues, grads_of, step_now, g_on, divisor)
+    taken = gradient_queues.mean(queues, grads_of, step_now, g_on, divisor)
   with tf.device(step.device):
     update = opt.apply_gradients(taken, step)
     if extra_step is not None:  # Dead (skipped) with `update` when no gradient came.

@@ -1,11 +1,7 @@
 """Synchronous steps that survive a lost worker (elastic): the graph pieces of the sync optimizer.
 
-A ConditionalAccumulator cannot drop one worker's gradient once it is in, and a worker that dies
-while sending its gradients (one apply per variable) would leave part of it in some. So with
-an elastic work queue (hooks.workqueue.elastic_graph) the optimizer builds, instead:
-  - **gradient queues**: per variable, one FIFOQueue of (worker id, local step, gradient); the
-    chief's aggregation takes what is in it and sums the gradients of the step's GRAD senders
-    only (a lost worker's part, or a fenced one's late gradient, is dropped);
+With an elastic work queue (hooks.workqueue.elastic_graph) the optimizer builds, besides its
+gradient queues (hooks.sync.gradient_queues: the chief takes only the step's senders'):
   - **the marker in the queue's lock**: a worker's GRAD marker goes out after all its gradients,
     in one run of the work queue's critical section that refuses a fenced worker and counts the
     batch as the worker's (`gated`): a marker means all of its gradient is in, and the batch is
@@ -23,18 +19,17 @@ an elastic work queue (hooks.workqueue.elastic_graph) the optimizer builds, inst
 
 Typical usage (WorkerDoneSyncReplicasOptimizer.apply_gradients, with an elastic queue):
   steps = ElasticSteps(hooks.workqueue.elastic_graph.registered(), state, step, n_workers)
-  applies, queues = steps.gradient_queues(grads_and_vars, name, local_step, wid)
-  marker = steps.marker(wid, GRAD, local_step, after=applies)
-  taken = steps.mean_gradients(queues, grads_of_worker, step_now, g_on, divisor)
+  marker = steps.marker(wid, GRAD, local_step, after=gradient_enqueues)
+  owed = steps.after_tokens(receivers, token, applied)   # inside the aggregation
 """
 
 import functools
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Sequence
 
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks.errors import FENCED_MARK, ConfigError
+from hooks.errors import FENCED_MARK
 from hooks.sync.aggregation_graph import DONE, GRAD
 from hooks.workqueue import elastic_graph
 from hooks.workqueue.state_ops import execute_unrecorded
@@ -70,27 +65,6 @@ class ElasticSteps:
     self.init = tf.group(
         self.owed.assign(tf.fill([num_workers], tf.cast(step, tf.int64))),
         queue.accepted.scatter_nd_update(self._ids, tf.fill([num_workers], epoch)))
-
-  def gradient_queues(self, grads_and_vars, name: str, local: tf.Variable, wid: int
-                      ) -> Tuple[List[Any], List[Tuple[Any, tf.Variable]]]:
-    """(the enqueue of each gradient, [(gradient queue, variable)]); dense gradients only."""
-    enqueues, queues = [], []
-    for grad, var in grads_and_vars:
-      if grad is None:
-        continue
-      if isinstance(grad, tf.IndexedSlices):
-        raise ConfigError(
-            f"elastic synchronous training takes dense gradients only, and {var.name}'s is "
-            "sparse (an embedding's IndexedSlices): train this model asynchronously "
-            "(--epochsync_sync=false) to keep --epochsync_elastic, or turn elastic off")
-      with tf.device(var.device):
-        queue = tf.queue.FIFOQueue(-1, [tf.int32, tf.int64, grad.dtype],
-                                   shapes=[(), (), var.shape],
-                                   shared_name=f"{var.name}/{name}/grad_queue",
-                                   name="grad_queue")
-        enqueues.append(queue.enqueue((tf.constant(wid), tf.cast(local, tf.int64), grad)))
-      queues.append((queue, var))
-    return enqueues, queues
 
   def marker(self, wid: int, kind: int, local: tf.Variable, after: Sequence[Any] = ()
              ) -> tf.Operation:
@@ -167,26 +141,3 @@ class ElasticSteps:
 
     with tf.device(self.owed.device):
       return execute_unrecorded(self._queue.lock, send)
-
-  @staticmethod
-  def mean_gradients(queues: List[Tuple[Any, tf.Variable]], senders: tf.Tensor,
-                     step_now: tf.Tensor, g_on: tf.Tensor, divisor: tf.Tensor
-                     ) -> List[Tuple[tf.Tensor, tf.Variable]]:
-    """[(the mean of the step's gradients, variable)]: of each queue, what it holds from the
-    step's GRAD senders (`senders`, per worker) at `step_now`; the rest is dropped. Dead with
-    `g_on` (no gradient this step)."""
-    taken = []
-    for queue, var in queues:
-      with tf.device(var.device):
-        with tf.control_dependencies([g_on]):
-          size = queue.size()
-        wids, steps, grads = queue.dequeue_many(size)
-        keep = tf.logical_and(tf.gather(senders, wids) > 0, tf.equal(steps, step_now))
-        total = tf.reduce_sum(tf.boolean_mask(grads, keep), axis=0)
-        taken.append((total / tf.cast(divisor, grads.dtype), var))
-    return taken
-
-  @staticmethod
-  def drain(queues: List[Tuple[Any, tf.Variable]]) -> List[Any]:
-    """The ops that empty the gradient queues (the chief's reset at a run's start)."""
-    return [queue.dequeue_many(queue.size()) for queue, _ in queues]

@@ -42,7 +42,7 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks.errors import ConfigError
 from hooks.sync.arguments import resolve_optimizer_arguments
-from hooks.sync import elastic_steps, step_graph
+from hooks.sync import elastic_steps, gradient_queues, step_graph
 from hooks.sync.aggregation_graph import DONE, GRAD, STOP, aggregate_op, reset_op
 from hooks.sync.elastic_aggregation import elastic_aggregate_op
 from hooks.sync.tokens import SafeSyncTokensHook
@@ -202,7 +202,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
         applies, accums = step_graph.accumulate(grads_and_vars, self._name,
                                                 self._divide_by_initial, local_step)
       else:
-        applies, queues = elastic.gradient_queues(grads_and_vars, self._name, local_step, wid)
+        applies, queues = gradient_queues.build(grads_and_vars, self._name, local_step, wid)
         accums = []
       worker = step_graph.worker_ops(state, wid, step, local_step, applies, name, elastic)
       train_op, done_op, refresh, hook_started = (worker.train_op, worker.done_op,
@@ -233,7 +233,7 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
       if elastic is not None:  # Each epoch's start owes every worker's marker (lost: sent).
         with tf.control_dependencies([elastic.epoch_start(step, count_epoch)]):
           count_epoch = tf.identity(count_epoch, name="count_epoch_elastic")
-        reset = tf.group(reset, *elastic.drain(queues))
+        reset = tf.group(reset, *gradient_queues.drain(queues))
         lost_worker = _v1.placeholder(tf.int64, [], "lost_worker")
         lost_marker = (lost_worker, elastic.lost_marker(lost_worker))
     completed_epochs = state.completed_epochs
