@@ -30,18 +30,19 @@ from hooks.epoch import barrier_graph
 from hooks.epoch import run_start
 from hooks import log as logging
 from hooks.config.cluster import worker_problems
+from hooks.epoch.barrier_release import ABORT, ReleaseWait, result_of
 from hooks.epoch.barrier_wait import BarrierWaiter, Wait, timing_problems
 from hooks.epoch.stand_ins import StandIns
 from hooks.faults.heartbeat import Heartbeat
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError
-from hooks.faults.liveness import LivenessMonitor, explain_lost_session
+from hooks.faults.liveness import LivenessMonitor
 from hooks.faults.waiting import MAX_WAIT_SECS, BackgroundRun, run_options
 
 __all__ = ["EpochBarrierHook", "ChiefAction"]
 
 _v1 = tf.compat.v1
-_ABORT = -1  # a release carrying this value means the chief gave up waiting
+_ABORT = ABORT  # a release carrying this value means the chief gave up waiting
 _REFUSED = barrier_graph.REFUSED  # ... or that the chief refused the tasks' settings
 _RPC_TIMEOUT_SECS = 60.0  # Runs that cannot block: generous, a busy ps must not fail them.
 
@@ -111,6 +112,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                                  warn_after_secs, log_every_secs)
     self._chief_actions: List[ChiefAction] = []
     self.stand_ins = StandIns(self._run_stand_in, self.worker_names, self.task_name)
+    self._release_wait = ReleaseWait(self.task_name, self.worker_names[0], self._waiter,
+                                     liveness, self._wait, self._missing)
     epoch_input.add_listener(self)
 
   def add_chief_action(self, action: ChiefAction) -> None:
@@ -211,7 +214,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       self._abort(session)
       self._waiter.fail(wait, self._missing(session, wait.seq))
     try:
-      result = _result(call, wait, self._liveness, self.task_name)
+      result = result_of(call, wait, self._liveness, self.task_name)
       arrived, step = result[0], (result[3] if release else -1)
     except Exception:
       self._abort(session)
@@ -250,44 +253,15 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def _arrive_and_wait_for_release(self, session, wait: Wait, stats: EpochStats) -> None:
     """A worker: one run enqueues its arrival (never blocks) and dequeues its release."""
-    got = self._released(session, wait, self._arrive_and_wait, {
+    self._release_wait.arrive(session, wait, self._arrive_and_wait, {
         self._seq: wait.seq, self._stats: [stats.batches, stats.examples],
-        self._times: [stats.started_at, stats.ended_at]})
-    while 0 <= got < wait.seq:  # Bounded: the releases queued before this arrival.
-      logging.info("%s: passes over the release of barrier %d, which the chief arrived at for "
-                   "this worker while it was lost", self.task_name, got)
-      got = self._released(session, wait, self._next_release, None)
-    if got == wait.seq:
-      return
-    if got == _ABORT:
-      if self._liveness:  # The chief may have given up because a task died: name it.
-        self._liveness.raise_if_any_died(wait.where)
-      self._waiter.fail(wait, self._missing(session, wait.seq), "the chief gave up: ")
-    raise arrivals_lib.bad_release(got, wait, self.task_name, self.worker_names[0])
-
-  def _released(self, session, wait: Wait, fetch, feed_dict) -> int:
-    """The release value `fetch` dequeues, waited for up to the barrier's deadline."""
-    # The chief aborts at its own deadline at the latest; its abort needs a moment to arrive.
-    call = BackgroundRun(session, fetch, wait.deadline + self._waiter.abort_grace_secs,
-                         feed_dict=feed_dict, name=f"epochsync-barrier-{wait.barrier}",
-                         run_timeout_secs=MAX_WAIT_SECS)
-    if not self._wait(session, call, wait):
-      self._waiter.fail(wait, self._missing(session, wait.seq))
-    return _result(call, wait, self._liveness, self.task_name)
+        self._times: [stats.started_at, stats.ended_at]}, self._next_release)
 
   def _wait(self, session, call: BackgroundRun, wait: Wait) -> bool:
     return self._waiter.wait(session, call, wait, self._arrived, lambda: self._abort(session))
 
   def _missing(self, session, seq: int) -> Optional[List[str]]:
     return self._waiter.missing(session, self._arrived, seq)
-
-
-def _result(call: BackgroundRun, wait: Wait, liveness: Optional[LivenessMonitor], task_name: str):
-  """The call's value; a lost session (UNAVAILABLE, ABORTED) becomes an error of ours."""
-  try:
-    return call.result()
-  except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
-    raise explain_lost_session(e, liveness, task_name, wait.where) from e
 
 
 def _run(session, fetches, feed_dict):
