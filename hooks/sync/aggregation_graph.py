@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from hooks.data import step_gate
 
-__all__ = ["GRAD", "DONE", "STOP", "aggregate_op", "reset_op"]
+__all__ = ["GRAD", "DONE", "STOP", "aggregate_op", "reset_op", "take_markers", "apply_step"]
 
 _v1 = tf.compat.v1
 GRAD, DONE, STOP = 1, 0, -2**20  # Marker kinds; STOP ends the chief's loop (tokens.end()).
@@ -37,15 +37,8 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
   started on every ps (before any marker is taken): one behind is a run TensorFlow lost
   (hooks.sync.aggregation_loop).
   """
-  # The markers are taken only once every other ps's partition of this run started: a run
-  # TensorFlow rejected on one of them (hooks.faults.step_retry) changed nothing.
-  started = step_gate.gate_ops([var.device for _, var in accums], step.device,
-                               "aggregation_started")
-  with tf.device(step.device), tf.control_dependencies(started):
-    started = started + ([begun.assign_add(1).op] if begun is not None else [])
-  with tf.device(step.device), tf.control_dependencies(started):
-    # The ref itself, dereferenced by the dequeue: no read op (`num_active` is a RefVariable).
-    ids, kinds, steps = markers.dequeue_many(num_active._ref())  # pylint: disable=protected-access
+  ids, kinds, steps = take_markers([var.device for _, var in accums], step, begun, markers,
+                                    num_active)
   with tf.device(step.device):
     # Tokens per worker (0 or 1, in worker order), and their sum g (negative with a STOP).
     counts = tf.math.unsorted_segment_sum(kinds, ids, num_workers)
@@ -70,19 +63,40 @@ def aggregate_op(opt: _v1.train.Optimizer, num_workers: int, divide_by_initial: 
         steps_on, step_now], summarize=64)
   with tf.control_dependencies([check]):
     taken = _mean_gradients(accums, g_on, num_workers, divide_by_initial)
+  new_step = apply_step(opt, taken, step, extra_step)
   with tf.device(step.device):
-    update = opt.apply_gradients(taken, step)
-    if extra_step is not None:  # Dead (skipped) with `update` when no gradient came.
-      with tf.control_dependencies([update]):
-        update = tf.group(update, _v1.assign_add(extra_step, 1))
-    with tf.control_dependencies([update]):
-      new_step = tf.identity(step)
     # One token per GRAD sender: g copies of the new step, split by worker in worker order.
     pieces = tf.split(tf.fill(g_vector, new_step), counts, axis=axis, num=num_workers)
     enqueued = [q.enqueue_many(piece) for piece, q in zip(pieces, tokens)]
     # A Merge waits for its control inputs, dead (skipped) or not, and is not killed by them.
     with tf.control_dependencies(enqueued + [next_active]):
       return tf.raw_ops.Merge(inputs=[g_off, g_on]).output
+
+
+def take_markers(devices, step: tf.Variable, begun: Optional[tf.Variable], markers,
+                 num_active: tf.Variable):
+  """(ids, kinds, local steps) of one step's `num_active` markers, dequeued on `step`'s task
+  once every other ps holding one of `devices` started this run (a run TensorFlow rejected on
+  one of them, hooks.faults.step_retry, changed nothing), after `begun` counted the run."""
+  started = step_gate.gate_ops(devices, step.device, "aggregation_started")
+  with tf.device(step.device), tf.control_dependencies(started):
+    started = started + ([begun.assign_add(1).op] if begun is not None else [])
+  with tf.device(step.device), tf.control_dependencies(started):
+    # The ref itself, dereferenced by the dequeue: no read op (`num_active` is a RefVariable).
+    return markers.dequeue_many(num_active._ref())  # pylint: disable=protected-access
+
+
+def apply_step(opt: _v1.train.Optimizer, taken, step: tf.Variable,
+               extra_step: Optional[tf.Variable]) -> tf.Tensor:
+  """Applies the step's mean gradients `taken` (numbering it in `step`, and `extra_step` too if
+  any); the new step. Dead (skipped) with `taken` when no gradient came."""
+  with tf.device(step.device):
+    update = opt.apply_gradients(taken, step)
+    if extra_step is not None:
+      with tf.control_dependencies([update]):
+        update = tf.group(update, _v1.assign_add(extra_step, 1))
+    with tf.control_dependencies([update]):
+      return tf.identity(step)
 
 
 def _mean_gradients(accums: List[Tuple], g_on: tf.Tensor, num_workers: int,

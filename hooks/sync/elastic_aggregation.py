@@ -15,9 +15,8 @@ from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
 
-from hooks.data import step_gate
 from hooks.sync import gradient_queues
-from hooks.sync.aggregation_graph import GRAD, STOP
+from hooks.sync.aggregation_graph import GRAD, STOP, apply_step, take_markers
 from hooks.sync.elastic_steps import IDLE, IDLE_ROUND, ElasticSteps
 
 __all__ = ["elastic_aggregate_op"]
@@ -36,13 +35,9 @@ def elastic_aggregate_op(opt: _v1.train.Optimizer, steps: ElasticSteps, num_work
   IDLE_ROUND (IDLE markers only: nothing applied, tokens of the same step), or < IDLE_ROUND (a
   STOP marker: nothing changed). `state`: the optimizer's PsState.
   """
-  started = step_gate.gate_ops([q.var.device for q in queues], step.device,
-                               "aggregation_started")
-  with tf.device(step.device), tf.control_dependencies(started):
-    started = started + ([begun.assign_add(1).op] if begun is not None else [])
   num_active = state.num_active
-  with tf.device(step.device), tf.control_dependencies(started):
-    ids, kinds, marked = state.markers.dequeue_many(num_active._ref())  # pylint: disable=protected-access
+  ids, kinds, marked = take_markers([q.var.device for q in queues], step, begun, state.markers,
+                                    num_active)
   with tf.device(step.device):
     axis = tf.constant(0)
     grads_of = tf.math.unsorted_segment_sum(tf.cast(tf.equal(kinds, GRAD), tf.int32), ids,
@@ -66,13 +61,9 @@ def elastic_aggregate_op(opt: _v1.train.Optimizer, steps: ElasticSteps, num_work
   divisor = num_workers if divide_by_initial else g_on
   with tf.control_dependencies([check]):
     taken = gradient_queues.mean(queues, grads_of, step_now, g_on, divisor)
-  with tf.device(step.device):
-    update = opt.apply_gradients(taken, step)
-    if extra_step is not None:  # Dead (skipped) with `update` when no gradient came.
-      with tf.control_dependencies([update]):
-        update = tf.group(update, _v1.assign_add(extra_step, 1))
-    with tf.control_dependencies([update]):
-      applied = tf.cast(tf.identity(step), tf.int64)
+  new_step = apply_step(opt, taken, step, extra_step)
+  with tf.device(step.device):  # Every op of the run on the ps: none on the chief's task.
+    applied = tf.cast(new_step, tf.int64)
     unchanged, _ = tf.raw_ops.Switch(data=step_now, pred=has_grads)
     token = tf.raw_ops.Merge(inputs=[unchanged, applied]).output  # the step the tokens carry
     live = tf.logical_not(stopped)

@@ -29,7 +29,6 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks.errors import FENCED_MARK
 from hooks.sync.aggregation_graph import DONE, GRAD
 from hooks.workqueue import elastic_graph
 from hooks.workqueue.state_ops import execute_unrecorded
@@ -74,8 +73,7 @@ class ElasticSteps:
       sent = tf.cast(local, tf.int64)
       passed = execute_unrecorded(self._queue.lock, functools.partial(
           self._send_marker, wid, kind, sent, kind == GRAD))
-      return tf.group(tf.debugging.Assert(passed, [tf.constant(
-          f"{FENCED_MARK}: worker id {wid}, found lost by the chief")], name="fence"))
+      return tf.group(elastic_graph.refuse_fenced(passed, wid))
 
   def _send_marker(self, wid: int, kind: int, sent: tf.Tensor, count: bool) -> tf.Tensor:
     passed = elastic_graph.admit(self._queue, wid, count=count)

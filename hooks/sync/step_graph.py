@@ -139,16 +139,16 @@ def worker_ops(state: PsState, wid: int, step: tf.Variable, local: tf.Variable,
                        name="done")
     active = _v1.scatter_update(state.progress, [wid],
                                 [tf.constant(PROGRESS_ACTIVE, tf.int64)])
-  stale = []
-  if elastic is not None:  # A relaunched process's first epoch: its earlier one's last token.
-    with tf.device(dev):
-      stale = [state.tokens[wid].dequeue_many(state.tokens[wid].size())]
-  refresh = tf.group(local_step_init, active, *stale, name="refresh_local_step")
-  idle_op = None
-  if elastic is not None:  # No batch now (its claim waits): stays in the steps without one.
-    with tf.control_dependencies([elastic.marker(wid, IDLE, local)]), tf.device(dev):
-      idle_token = state.tokens[wid].dequeue()
-    idle_op = local.assign(idle_token, name="idle_step")
+  if elastic is None:
+    refresh = tf.group(local_step_init, active, name="refresh_local_step")
+    return WorkerOps(train_op, local_step_init, hook_started, done_op, refresh)
+  with tf.device(dev):  # A relaunched process's first epoch: its earlier one's last token.
+    stale = state.tokens[wid].dequeue_many(state.tokens[wid].size())
+  refresh = tf.group(local_step_init, active, stale, name="refresh_local_step")
+  # No batch now (its claim waits): it stays in the steps without one.
+  with tf.control_dependencies([elastic.marker(wid, IDLE, local)]), tf.device(dev):
+    idle_token = state.tokens[wid].dequeue()
+  idle_op = local.assign(idle_token, name="idle_step")
   return WorkerOps(train_op, local_step_init, hook_started, done_op, refresh, idle_op)
 
 

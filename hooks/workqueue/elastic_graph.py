@@ -28,7 +28,8 @@ from hooks.workqueue.layout import MAX_WORKERS, Layout
 from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 
 __all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "VARIABLES",
-           "per_worker", "gate", "admit", "fenced", "close_fenced", "register", "registered",
+           "per_worker", "gate", "admit", "refuse_fenced", "fenced", "close_fenced", "register",
+           "registered",
            "reclaim_ops", "membership_ops"]
 
 _v1 = tf.compat.v1
@@ -133,8 +134,14 @@ def gate(ops, worker_id: int, after: tf.Operation) -> tf.Operation:
   with _v1.device(ops.gated.device), tf.name_scope("epochsync_workqueue_gate"):
     with tf.control_dependencies([after]):
       passed = execute_unrecorded(ops.lock, functools.partial(admit, ops, worker_id))
-    return tf.debugging.Assert(passed, [tf.constant(
-        f"{FENCED_MARK}: worker id {worker_id}, found lost by the chief")], name="fence")
+    return refuse_fenced(passed, worker_id)
+
+
+def refuse_fenced(passed: tf.Tensor, worker_id: int) -> tf.Operation:
+  """Fails the run unless `passed` (admit's answer): InvalidArgumentError carrying
+  `errors.FENCED_MARK`, which hooks.faults.step_retry turns into WorkerFencedError."""
+  return tf.debugging.Assert(passed, [tf.constant(
+      f"{FENCED_MARK}: worker id {worker_id}, found lost by the chief")], name="fence")
 
 
 def reclaim_ops(lock: tf.CriticalSection, state, gated, closed,
