@@ -65,8 +65,13 @@ class LocalQueue:
 
   def still_lost(self, epoch, worker):
     """The chief's check at `epoch`'s barrier: whether it arrives for `worker`."""
+    return self.still_lost_and_held(epoch, worker)[0]
+
+  def still_lost_and_held(self, epoch, worker):
+    """(whether the chief arrives for `worker` at `epoch`'s barrier, its batches of `epoch`)."""
     ops = self.ops.membership
-    return bool(self.session.run(ops.still_lost, {ops.epoch: epoch, ops.worker: worker}))
+    lost, held = self.session.run(ops.still_lost, {ops.epoch: epoch, ops.worker: worker})
+    return bool(lost), int(held)
 
   def pass_gate(self, worker, times=1):
     """`times` steps of `worker` pass the gate (elastic; a fenced one: InvalidArgumentError)."""

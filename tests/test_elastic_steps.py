@@ -12,6 +12,7 @@ from hooks.errors import FENCED_MARK
 from hooks.sync import gradient_queues
 from hooks.sync.aggregation_graph import DONE, GRAD
 from hooks.sync.elastic_steps import IDLE, ElasticSteps
+from hooks.workqueue.elastic_graph import GUEST, NOT_FENCED
 from local_queue import LocalQueue
 
 _v1 = tf.compat.v1
@@ -40,6 +41,8 @@ class _Steps:
       self.tokens = self.steps.after_tokens(self.receivers, self.token,
                                             tf.zeros([WORKERS], tf.int32))
       self.take = self.markers.dequeue_many(self.markers.size())
+      self.started = self.steps.guest.started.read_value()
+      self.epoch_start = self.steps.epoch_start(self.token, tf.constant(1, tf.int64))
       self.owed = self.steps.owed.read_value()
       run = self.queue.session.run
       run([self.step.initializer, completed.initializer, self.local.initializer,
@@ -90,10 +93,65 @@ def test_the_aggregation_sends_a_fenced_receivers_next_marker_and_no_one_elses()
   s.markers_sent()
   s.queue.reclaim(0, worker=2)  # fenced after its marker passed
   assert s.run(s.lost, {s.lost_worker: 2}) == 0  # it owes nothing yet
-  assert s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 6}) == 1
+  assert s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 6}) == 0  # no guest joined
   assert s.markers_sent() == [(2, DONE, 6)]  # its marker of the next step, sent for it
   assert s.run(s.owed).tolist() == [6, 6, -1]
   assert s.run(s.lost, {s.lost_worker: 2}) == 0  # never twice
+
+
+def _join(s, worker, epoch=0, token=11):
+  ops = s.steps.guest
+  return s.run(ops.join, {ops.worker: worker, ops.epoch: epoch, ops.token: token}).tolist()
+
+
+def test_a_guest_joins_the_running_epoch_and_the_next_round_that_goes_on_takes_it_in():
+  s = _Steps()
+  for w in range(WORKERS):
+    s.queue.claim(0, worker=w, seq=0, at=0)
+  s.run(s.grad[1])  # worker 1's batch of step 5 is in (gated 1), then it dies
+  s.markers_sent()
+  s.queue.reclaim(0, worker=1)
+  s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 6})  # it got a token: DONE sent for it
+  assert s.markers_sent() == [(1, DONE, 6)]
+  assert _join(s, 2) == [NOT_FENCED, 0]  # worker 2's process is not lost
+  assert _join(s, 1) == [GUEST, 1]  # its earlier process's batch of epoch 0 is in the model
+  assert _join(s, 1) == [GUEST, 1]  # run again (its answer lost): the same, nothing more
+  assert s.run(s.started).tolist() == [-1, -1, -1]
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 1  # the guest is in
+  assert s.run(s.started).tolist() == [-1, 7, -1]  # its first marker: step 7, no token
+  assert s.run(s.owed).tolist() == [7, 7, 7]
+  assert s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 8}) == 0  # in once
+  assert s.queue.still_lost_and_held(0, worker=1) == (True, 1)  # the chief arrives for it
+  s.run(s.epoch_start, {s.token: 9})
+  assert s.run(s.started).tolist() == [-1, -1, -1]
+  assert s.queue.still_lost_and_held(1, worker=1) == (False, 0)  # then it arrives itself
+
+
+def test_a_guest_that_joins_when_the_epoch_ends_starts_with_the_next_one():
+  s = _Steps()
+  for w in range(WORKERS):
+    s.queue.claim(0, worker=w, seq=0)
+  s.queue.reclaim(0, worker=1)
+  assert _join(s, 1) == [GUEST, 0]  # the marker it owed (step 5) goes first, as DONE
+  assert s.markers_sent() == [(1, DONE, 5)]
+  assert s.run(s.tokens, {s.receivers: [0, 0, 0], s.token: 5}) == 0  # the epoch's last round
+  s.run(s.epoch_start, {s.token: 5})
+  assert s.run(s.started).tolist() == [-1, -1, -1]
+  assert s.run(s.owed).tolist() == [5, 5, 5]  # a member of the next epoch from its start
+  assert s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 6}) == 0  # never a guest there
+
+
+def test_a_guest_lost_again_before_a_round_took_it_in_is_not_taken_in():
+  s = _Steps()
+  for w in range(WORKERS):
+    s.queue.claim(0, worker=w, seq=0)
+  s.queue.reclaim(0, worker=1)
+  assert _join(s, 1)[0] == GUEST
+  s.queue.reclaim(0, worker=1)  # its new process is lost too
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0
+  assert s.run(s.started).tolist() == [-1, -1, -1]
+  assert _join(s, 1, token=12)[0] == GUEST  # a third process joins
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 1
 
 
 def _mean(rows, sparse_rows=None):

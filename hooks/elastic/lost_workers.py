@@ -119,10 +119,12 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
         lambda: session.run(fetches, feeds, options=run_options(_RUN_TIMEOUT_SECS)),
         what, self._names[0])
 
-  def _still_lost(self, session, worker_id: int, epoch: int) -> bool:
+  def _still_lost(self, session, worker_id: int, epoch: int) -> Optional[int]:
+    """Its batches of `epoch` in the model while the chief arrives for it, else None."""
     ops = self._membership
-    return bool(self._run(session, ops.still_lost, {ops.epoch: epoch, ops.worker: worker_id},
-                          "the check of a lost worker"))
+    lost, held = self._run(session, ops.still_lost, {ops.epoch: epoch, ops.worker: worker_id},
+                           "the check of a lost worker")
+    return int(held) if lost else None
 
   def _lose(self, session, worker_id: int, why: str) -> None:
     name = self._names[worker_id]

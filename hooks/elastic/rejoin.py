@@ -9,41 +9,57 @@ skips the start barrier, claims units of the epoch and arrives itself at its bar
 queue's MembershipOps decide, inside its lock, so the chief's stand-in and the join never both
 count one epoch.
 
+Synchronous training (`guest`) joins the running epoch as a guest: the next aggregation that
+hands out tokens takes it into the steps, so it trains from the next step; the chief still
+arrives for it at that epoch's end (its count goes on from its earlier process's), and it
+arrives itself from the next epoch on. If the epoch ends first, it starts with the next one.
+
 Typical usage (hooks.session.wiring, on every worker but the chief with --epochsync_elastic):
   start = RunStartHook(..., rejoin=rejoin_fn(queue, barrier))
+  start = RunStartHook(..., rejoin=rejoin_fn(queue, barrier, guest=elastic_sync.guest(...)))
 """
 
-from typing import Callable, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
-from hooks.workqueue.elastic_graph import JOINED, NOT_FENCED
+from hooks import log as logging
+from hooks.workqueue.elastic_graph import GUEST, JOINED, NOT_FENCED
 from hooks.workqueue.unit_passes import UnitPasses
 
 __all__ = ["rejoin_fn"]
 
 
-def rejoin_fn(queue: UnitPasses, barrier, ahead: bool = False
+def rejoin_fn(queue: UnitPasses, barrier, guest: Any = None
               ) -> Callable[[object], Optional[str]]:
   """`(session) -> None` once this worker joined the running job, else why not yet.
 
-  `ahead` (synchronous training): it joins the epoch after the running one, whose steps
-  count it from their start, and starts once the running epoch ended."""
-  joined = []  # the epoch it joined
+  `guest` (synchronous training): the sync optimizer's `join(session, epoch) -> (answer,
+  held)` and `started(session) -> its first step, or -1` (hooks.session.elastic_sync)."""
+  joined: List[Tuple[int, int]] = []  # (the epoch it joined, its earlier process's batches)
 
   def rejoin(session) -> Optional[str]:
     running = barrier.start_epoch(session)
     if not joined:
-      epoch = running + int(ahead)
-      answer = queue.claims.join(session, epoch)
+      answer, held = (queue.claims.join(session, running), 0) if guest is None else (
+          guest.join(session, running))
       if answer == NOT_FENCED:
         return (f"the chief has not found its earlier process lost yet (epoch {running}); it "
                 "does within a few seconds")
-      if answer != JOINED:
-        return (f"the chief arrives for it at the end of epoch {epoch}"
-                + (", the epoch its earlier process was lost in" if not ahead else "")
-                + "; it joins when that epoch ends")
-      joined.append(epoch)
-    if running < joined[0]:
-      return f"it joined epoch {joined[0]}, which starts when epoch {running} ends"
-    return None
+      if answer not in (JOINED, GUEST):
+        return (f"the chief arrives for it at the end of epoch {running}, the epoch its "
+                "earlier process was lost in; it joins when that epoch ends")
+      joined.append((running, held))
+      if guest is not None:
+        logging.info("%s joined epoch %d as a guest (its earlier process trained %d batches "
+                     "of it); the next synchronous step takes it in", queue.task_name, running,
+                     held)
+    if guest is None:
+      return None
+    epoch, held = joined[0]
+    if guest.started(session) >= 0:  # Read first: once in the steps, the epoch goes on for it.
+      barrier.join_as_guest(epoch, held)
+      return None
+    if barrier.start_epoch(session) > epoch:  # Ended first: it starts with the next epoch.
+      return None
+    return f"it joined epoch {epoch}; it waits for the next synchronous step to take it in"
 
   return rejoin

@@ -32,7 +32,7 @@ from hooks import log as logging
 from hooks.config.cluster import worker_problems
 from hooks.epoch.barrier_release import ABORT, ReleaseWait, result_of
 from hooks.epoch.barrier_wait import BarrierWaiter, Wait, timing_problems
-from hooks.epoch.stand_ins import StandIns
+from hooks.epoch.stand_ins import StandIns, StillLost
 from hooks.faults.heartbeat import Heartbeat
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError
@@ -121,11 +121,17 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self._chief_actions.append(action)
 
   def lose(self, session, worker_id: int, epoch: int, batches: int,
-           still_lost: Optional[Callable[[object, int, int], bool]] = None) -> None:
+           still_lost: Optional[StillLost] = None) -> None:
     """(Elastic, the chief.) Worker `worker_id` is lost in `epoch` with `batches` of it in the
     model: from now on the chief arrives for it at every barrier while `still_lost(session,
     worker_id, epoch)` (hooks.epoch.stand_ins)."""
     self.stand_ins.lose(session, worker_id, epoch, batches, still_lost)
+
+  def join_as_guest(self, epoch: int, held: int) -> None:
+    """(Elastic, synchronous; a relaunched worker) It joined `epoch` as a guest: the chief
+    arrives for it at the epoch's end, and its count goes on from the `held` batches of it its
+    earlier process trained (hooks.elastic.rejoin)."""
+    self._release_wait.guest = (epoch, held)
 
   def _run_stand_in(self, session, worker_id: int, batches: int, seq: int) -> bool:
     return bool(_run(session, self._stand_in, {self._stand_in_worker: worker_id,
@@ -148,6 +154,9 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def start_epoch(self, session) -> int:
     return int(session.run(self._completed, options=run_options(_RPC_TIMEOUT_SECS)))
+
+  def resume_batches(self, session, epoch: int) -> Optional[int]:
+    return self._release_wait.guest_batches(epoch)
 
   def session_created(self, session, start_epoch: int) -> None:
     if run_start.rejoined_run():  # (elastic) The job runs already: it gathers no start.

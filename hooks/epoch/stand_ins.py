@@ -8,7 +8,8 @@ once. Stand-ins run one at a time under a lock: the op's read of `arrived` and i
 two ops, and only the lock keeps two stand-ins for one worker from both enqueuing. Before each
 stand-in the chief asks `still_lost` (the work queue's membership, hooks.workqueue): a worker
 that rejoined (a relaunched process) arrives itself from then on, and is no longer stood in
-for.
+for; else it answers the worker's batches in the model (a synchronous guest's, which rejoined
+in the middle of the epoch, go on from its earlier process's).
 
 Typical usage (EpochBarrierHook's, on the chief):
   stand_ins = StandIns(run_stand_in, worker_names, task_name="worker:0")
@@ -23,7 +24,11 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 from hooks import log as logging
 from hooks.epoch.barrier_wait import Wait
 
-__all__ = ["StandIns"]
+__all__ = ["StandIns", "StillLost"]
+
+# (session, worker id, epoch) -> the lost worker's batches of the epoch in the model, or None
+# once it rejoined and arrives itself.
+StillLost = Callable[[object, int, int], Optional[int]]
 
 
 class StandIns:
@@ -39,15 +44,16 @@ class StandIns:
                worker_names: Sequence[str], task_name: str):
     self._run, self._names, self._task = run_stand_in, list(worker_names), task_name
     # worker id -> (epoch, batches in the model, still_lost or None)
-    self._lost: Dict[int, Tuple[int, int, Optional[Callable[[object, int, int], bool]]]] = {}
+    self._lost: Dict[int, Tuple[int, int, Optional[StillLost]]] = {}
     self._gathering: Optional[Wait] = None
     self._lock = threading.Lock()
 
   def lose(self, session, worker_id: int, epoch: int, batches: int,
-           still_lost: Optional[Callable[[object, int, int], bool]] = None) -> None:
+           still_lost: Optional[StillLost] = None) -> None:
     """Worker `worker_id` is lost in `epoch` with `batches` of it in the model: arrive for it
     at every barrier from now on, now if one is being gathered, while `still_lost(session,
-    worker_id, epoch)` says so (None: always)."""
+    worker_id, epoch)` answers its batches of that epoch in the model, not None (None: always,
+    with `batches`)."""
     with self._lock:
       self._lost[worker_id] = (epoch, batches, still_lost)
       if self._gathering is not None:
@@ -75,11 +81,14 @@ class StandIns:
 
   def _arrive_for(self, session, worker_id: int, wait: Wait) -> None:
     epoch, batches, still_lost = self._lost[worker_id]
-    if still_lost is not None and not still_lost(session, worker_id, wait.epoch):
-      del self._lost[worker_id]
-      logging.info("%s rejoined the job: it arrives itself at %s of epoch %d",
-                   self._names[worker_id], wait.barrier, wait.epoch)
-      return
+    if still_lost is not None:
+      held = still_lost(session, worker_id, wait.epoch)
+      if held is None:
+        del self._lost[worker_id]
+        logging.info("%s rejoined the job: it arrives itself at %s of epoch %d",
+                     self._names[worker_id], wait.barrier, wait.epoch)
+        return
+      epoch, batches = wait.epoch, held
     batches = batches if (epoch, wait.barrier) == (wait.epoch, "epoch_end") else 0
     if self._run(session, worker_id, batches, wait.seq):
       logging.info("%s arrives at %s of epoch %d for %s, which is lost", self._task,

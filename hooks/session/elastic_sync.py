@@ -1,16 +1,19 @@
-"""Wires a synchronous elastic job: the sync optimizer's IDLE steps and lost markers.
+"""Wires a synchronous elastic job: the sync optimizer's IDLE steps, lost markers and guests.
 
 With an elastic work queue the sync optimizer builds its markers in the queue's lock
-(hooks.sync.elastic_steps). Two callbacks join it to the rest: a worker whose claim answers
-WAIT runs IDLE steps between its claims (the others' steps go on), and the chief, after it
-took a lost worker's unit back, sends the marker the worker owes (hooks.elastic.LostWorkerWatch).
+(hooks.sync.elastic_steps). Three pieces join it to the rest: a worker whose claim answers
+WAIT runs IDLE steps between its claims (the others' steps go on); the chief, after it took a
+lost worker's unit back, sends the marker the worker owes (hooks.elastic.LostWorkerWatch); and
+a relaunched worker joins the running epoch as a guest (`GuestJoin`, hooks.elastic.rejoin).
 
 Typical usage (hooks.session.wiring, with --epochsync_elastic and a sync optimizer):
   on_lost = wire(queue, sync_hook, settings)
   watch = LostWorkerWatch(queue, barrier, monitor, ..., on_lost=on_lost)
+  rejoin = rejoin_fn(queue, barrier, guest=GuestJoin(sync_hook, worker_id=1))
 """
 
-from typing import Any, Callable
+import random
+from typing import Any, Callable, Tuple
 
 import tensorflow as tf
 
@@ -19,9 +22,9 @@ from hooks.faults import step_retry
 from hooks.faults.waiting import run_options
 from hooks.workqueue.unit_passes import UnitPasses
 
-__all__ = ["wire"]
+__all__ = ["wire", "GuestJoin"]
 
-_RUN_TIMEOUT_SECS = 60.0  # the lost marker waits for nothing but the queue's lock
+_RUN_TIMEOUT_SECS = 60.0  # the lost marker and the guest's runs wait only for the queue's lock
 
 
 def wire(queue: UnitPasses, sync_hook: Any, step_timeout_secs: float
@@ -49,3 +52,28 @@ def wire(queue: UnitPasses, sync_hook: Any, step_timeout_secs: float
 
   queue.claims.while_waiting = idle
   return on_lost
+
+
+class GuestJoin:
+  """A relaunched worker's join of the running epoch, for hooks.elastic.rejoin (a guest).
+
+  `join` can run again after its answer was lost: the same process's token answers GUEST again.
+  """
+
+  def __init__(self, sync_hook: Any, worker_id: int):
+    self._opt, self._worker = sync_hook.optimizer, worker_id
+    self._token = random.SystemRandom().getrandbits(62) + 1
+    self._started = self._opt.sync_ops.guest.started[worker_id]  # built before the session
+
+  def join(self, session, epoch: int) -> Tuple[int, int]:
+    """(GUEST, NOT_FENCED or CLOSED; its earlier process's batches of `epoch`)."""
+    ops = self._opt.sync_ops.guest
+    feeds = {ops.worker: self._worker, ops.epoch: epoch, ops.token: self._token}
+    answer, held = step_retry.run_rerunnable(
+        lambda: session.run(ops.join, feeds, options=run_options(_RUN_TIMEOUT_SECS)),
+        "the guest's join", self._opt.worker_names[0])
+    return int(answer), int(held)
+
+  def started(self, session) -> int:
+    """Its first step in the joined epoch, once an aggregation took it in; -1 before."""
+    return int(session.run(self._started, options=run_options(_RUN_TIMEOUT_SECS)))

@@ -108,8 +108,10 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       on_lost = elastic_sync.wire(queue, sync_hook, settings.step_timeout_secs)
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
-  rejoin = (rejoin_fn(queue, barrier, ahead=sync_hook is not None)
-            if settings.elastic and not config.is_chief else None)
+  rejoin = None
+  if settings.elastic and not config.is_chief:
+    rejoin = rejoin_fn(queue, barrier, guest=elastic_sync.GuestJoin(
+        sync_hook, config.worker_id) if sync_hook is not None else None)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
                        startup_timeout_secs=settings.startup_timeout_secs,

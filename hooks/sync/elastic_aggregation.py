@@ -4,7 +4,7 @@ As hooks.sync.aggregation_graph's aggregate_op, with three differences: the grad
 the gradient queues, of the step's GRAD senders only; IDLE markers keep their senders in the
 steps without a gradient (a round of them alone applies nothing and returns IDLE_ROUND); and
 before the tokens go out, each token receiver owes its next marker, which the lock sends for a
-fenced one (ElasticSteps.after_tokens).
+fenced one, and a guest (a relaunched worker) joins the steps (ElasticSteps.after_tokens).
 
 Typical usage (WorkerDoneSyncReplicasOptimizer.apply_gradients, with an elastic queue):
   aggregate = elastic_aggregate_op(opt, steps, num_workers, divide_by_initial, state, queues,
@@ -69,14 +69,14 @@ def elastic_aggregate_op(opt: _v1.train.Optimizer, steps: ElasticSteps, num_work
     live = tf.logical_not(stopped)
     receivers = tf.where(live, grads_of + idle_of, tf.zeros_like(grads_of))
     applied_of = tf.where(has_grads, grads_of, tf.zeros_like(grads_of))
-    owed = steps.after_tokens(receivers, token, applied_of)
-    with tf.control_dependencies([owed]):
+    guests = steps.after_tokens(receivers, token, applied_of)  # their markers come too
+    with tf.control_dependencies([guests]):
       # One token per receiver, in worker order; none after a STOP marker.
       pieces = tf.split(tf.fill(tf.reshape(tf.reduce_sum(receivers), [1]), token), receivers,
                         axis=axis, num=num_workers)
       enqueued = [q.enqueue_many(tf.cast(piece, q.dtypes[0]))
                   for piece, q in zip(pieces, state.tokens)]
-      next_active = _v1.assign(num_active, tf.reduce_sum(receivers))
+      next_active = _v1.assign(num_active, tf.reduce_sum(receivers) + guests)
     result_off, result_on = tf.raw_ops.Switch(data=result, pred=has_grads)
     # A Merge waits for its control inputs, dead (skipped) or not, and is not killed by them.
     with tf.control_dependencies(enqueued + [next_active]):

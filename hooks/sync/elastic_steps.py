@@ -15,14 +15,21 @@ gradient queues (hooks.sync.gradient_queues: the chief takes only the step's sen
     lost worker and never counts one twice;
   - **IDLE markers**: a worker whose claim answers WAIT (a unit in flight may come back) sends
     an IDLE marker instead of a gradient and stays in the steps; a round of IDLE markers alone
-    applies nothing and hands out tokens of the same step.
+    applies nothing and hands out tokens of the same step;
+  - **a guest's join** (`join`): a relaunched worker joins the running epoch in the lock (the
+    marker its earlier process owes is sent first, as DONE; elastic_graph.guest_join), and the
+    next aggregation that hands out tokens takes it into the steps: it owes the marker of the
+    tokens' step, which it reads (`started`) instead of a token. A round that ends the epoch
+    takes no guest: it starts with the next epoch instead.
 
 Typical usage (WorkerDoneSyncReplicasOptimizer.apply_gradients, with an elastic queue):
   steps = ElasticSteps(hooks.workqueue.elastic_graph.registered(), state, step, n_workers)
   marker = steps.marker(wid, GRAD, local_step, after=gradient_enqueues)
-  owed = steps.after_tokens(receivers, token, applied)   # inside the aggregation
+  joined = steps.after_tokens(receivers, token, applied)   # inside the aggregation: guests
+  answer, held = session.run(steps.join, {steps.join_feeds.worker: 1, ...})  # a relaunch
 """
 
+import dataclasses
 import functools
 from typing import Any, Sequence
 
@@ -33,12 +40,25 @@ from hooks.sync.aggregation_graph import DONE, GRAD
 from hooks.workqueue import elastic_graph
 from hooks.workqueue.state_ops import execute_unrecorded
 
-__all__ = ["ElasticSteps", "IDLE", "IDLE_ROUND"]
+__all__ = ["ElasticSteps", "GuestOps", "IDLE", "IDLE_ROUND"]
 
 _v1 = tf.compat.v1
 IDLE = 2  # A marker kind: the sender has no batch now (its claim answered WAIT); no gradient.
 IDLE_ROUND = -3  # What an aggregation of IDLE markers alone returns: nothing was applied (no
 # sum of marker kinds is -3: a STOP marker makes it below -2**20 + the workers).
+
+
+@dataclasses.dataclass(frozen=True)
+class GuestOps:
+  """A relaunched worker's join of the running epoch (hooks.elastic.rejoin): `join` (feeds
+  `worker`, `epoch`, `token`) answers [elastic_graph's GUEST, NOT_FENCED or CLOSED; the batches
+  of `epoch` its earlier process trained]; `started[worker]`: the step of its first marker once
+  an aggregation took it into the steps, -1 before (and from the next epoch's start on)."""
+  worker: tf.Tensor
+  epoch: tf.Tensor
+  token: tf.Tensor
+  join: tf.Tensor
+  started: tf.Variable
 
 
 class ElasticSteps:
@@ -53,17 +73,26 @@ class ElasticSteps:
 
   def __init__(self, queue: Any, state: Any, step: tf.Variable, num_workers: int):
     self._queue, self._markers, self._n = queue, state.markers, num_workers
-    with tf.device(step.device):  # Not saved: the chief's init sets it (`init`).
-      self.owed = _v1.Variable(tf.fill([num_workers], tf.constant(-1, tf.int64)),
-                               trainable=False, collections=[], use_resource=True,
-                               name="owed_markers")
+    none = tf.fill([num_workers], tf.constant(-1, tf.int64))
+    with tf.device(step.device):  # Not saved: the chief's init sets them (`init`).
+      vector = functools.partial(_v1.Variable, none, trainable=False, collections=[],
+                                 use_resource=True)
+      self.owed = vector(name="owed_markers")
+      self._joining = vector(name="joining_guests")  # a guest's epoch, until it is in the steps
+      started = vector(name="guest_first_steps")  # GuestOps.started
+      feeds = [_v1.placeholder(tf.int64, [], "guest_" + name)
+               for name in ("worker", "epoch", "token")]
     # The queue's `accepted` (each worker's batches in the model, a mid-epoch checkpoint's
     # positions) counts from the running epoch's start; a resumed run's workers count from 0.
     self._ids = tf.reshape(tf.range(num_workers, dtype=tf.int64), [num_workers, 1])
     epoch = state.completed_epochs.read_value() * graph_keys.EPOCH_SHIFT
+    self._started = started
+    self.guest = GuestOps(*feeds, execute_unrecorded(
+        queue.lock, functools.partial(self._join, *feeds)), started)
     self.init = tf.group(
         self.owed.assign(tf.fill([num_workers], tf.cast(step, tf.int64))),
-        queue.accepted.scatter_nd_update(self._ids, tf.fill([num_workers], epoch)))
+        queue.accepted.scatter_nd_update(self._ids, tf.fill([num_workers], epoch)),
+        *self._clear_guests())
 
   def marker(self, wid: int, kind: int, local: tf.Variable, after: Sequence[Any] = ()
              ) -> tf.Operation:
@@ -89,14 +118,37 @@ class ElasticSteps:
                    ) -> tf.Tensor:
     """(The aggregation, before its tokens go out) Each token receiver (`receivers`: 0/1 per
     worker) owes its next marker at `token`; a fenced one's is sent for it, as DONE. Each
-    worker's `applied` batches (its gradient in the step applied) count as accepted."""
+    worker's `applied` batches (its gradient in the step applied) count as accepted. Guests
+    waiting to join owe theirs too (no token: they read GuestOps.started). Returns how many
+    guests joined: the next aggregation awaits their markers too."""
 
     def account() -> tf.Tensor:
       counted = self._queue.accepted.scatter_nd_add(self._ids, tf.cast(applied, tf.int64))
       with tf.control_dependencies([counted]):
-        return self._owe(receivers > 0, token)
+        # Guests join a round that goes on (not one that ends the epoch or stops the job).
+        goes_on = tf.reduce_sum(receivers) > 0
+        guests = tf.logical_and(tf.logical_and(self._joining >= 0, goes_on),
+                                tf.logical_not(elastic_graph.fenced(self._queue, self._n)))
+        taken = [self._started.assign(tf.where(guests, tf.fill([self._n], token),
+                                               self._started.read_value())),
+                 self._joining.assign(tf.where(guests, tf.fill([self._n], tf.constant(
+                     -1, tf.int64)), self._joining.read_value()))]
+        with tf.control_dependencies(taken):
+          owing = tf.logical_or(receivers > 0, guests)
+          with tf.control_dependencies([self._owe(owing, token)]):
+            return tf.reduce_sum(tf.cast(guests, tf.int32))
 
     return execute_unrecorded(self._queue.lock, account)
+
+  def _join(self, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor) -> tf.Tensor:
+    """(Inside the lock) GuestOps.join: the earlier process's owed marker goes first."""
+    was_fenced = elastic_graph.fenced(self._queue, self._n)[worker]
+    with tf.control_dependencies([self._send_owed(worker), was_fenced]):
+      answer, held = elastic_graph.guest_join(self._queue, worker, epoch, token)
+    joined = tf.logical_and(was_fenced, tf.equal(answer, elastic_graph.GUEST))
+    with tf.control_dependencies([self._joining.scatter_nd_update([[worker]], tf.reshape(
+        tf.where(joined, epoch, self._joining[worker]), [1]))]):
+      return tf.stack([answer, held])
 
   def _owe(self, owing: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) `owing` workers owe a marker at `step`; the fenced ones get theirs."""
@@ -119,23 +171,28 @@ class ElasticSteps:
       closed = elastic_graph.close_fenced(self._queue, epoch, self._n)
       counted = self._queue.accepted.scatter_nd_update(
           self._ids, tf.fill([self._n], epoch * graph_keys.EPOCH_SHIFT))
-      with tf.control_dependencies([closed, counted]):
+      with tf.control_dependencies([closed, counted] + self._clear_guests()):
         return self._owe(tf.ones([self._n], tf.bool), tf.cast(step, tf.int64))
 
     return execute_unrecorded(self._queue.lock, start)
 
+  def _clear_guests(self):
+    none = tf.fill([self._n], tf.constant(-1, tf.int64))
+    return [self._joining.assign(none), self._started.assign(none)]
+
   def lost_marker(self, worker: tf.Tensor) -> tf.Tensor:
     """(The chief, after it fenced `worker`) Sends the marker it owes, as DONE; 1 if it did."""
-    def send() -> tf.Tensor:
-      owed = self.owed[worker]
-      due = tf.logical_and(elastic_graph.fenced(self._queue, self._n)[worker], owed >= 0)
-      n = tf.cast(due, tf.int32)
-      enqueued = self._markers.enqueue_many((tf.fill([n], tf.cast(worker, tf.int32)),
-                                             tf.fill([n], DONE), tf.fill([n], owed)))
-      cleared = self.owed.scatter_nd_update([[worker]], tf.reshape(
-          tf.where(due, tf.constant(-1, tf.int64), owed), [1]))
-      with tf.control_dependencies([enqueued, cleared]):
-        return tf.identity(n)
-
     with tf.device(self.owed.device):
-      return execute_unrecorded(self._queue.lock, send)
+      return execute_unrecorded(self._queue.lock, functools.partial(self._send_owed, worker))
+
+  def _send_owed(self, worker: tf.Tensor) -> tf.Tensor:
+    """(Inside the lock) A fenced `worker`'s owed marker, sent as DONE; 1 if it was due."""
+    owed = self.owed[worker]
+    due = tf.logical_and(elastic_graph.fenced(self._queue, self._n)[worker], owed >= 0)
+    n = tf.cast(due, tf.int32)
+    enqueued = self._markers.enqueue_many((tf.fill([n], tf.cast(worker, tf.int32)),
+                                           tf.fill([n], DONE), tf.fill([n], owed)))
+    cleared = self.owed.scatter_nd_update([[worker]], tf.reshape(
+        tf.where(due, tf.constant(-1, tf.int64), owed), [1]))
+    with tf.control_dependencies([enqueued, cleared]):
+      return tf.identity(n)

@@ -80,6 +80,7 @@ class SyncOps:
   # (Elastic: an elastic work queue in the graph; hooks.sync.elastic_steps.)
   idle_op: Optional[tf.Tensor] = None  # A worker whose claim waits: a step without a batch.
   lost_marker: Any = None  # The chief: (worker id feed, the op sending that lost one's marker).
+  guest: Any = None  # A relaunched worker's join of the running epoch (elastic_steps.GuestOps).
 
 
 class DelegatingOptimizer(_v1.train.Optimizer):
@@ -245,7 +246,8 @@ class WorkerDoneSyncReplicasOptimizer(DelegatingOptimizer):
     _v1.add_to_collection(graph_keys.SYNC_TRAIN_OPS, train_op)
     self.sync_ops = SyncOps(train_op, done_op, refresh, hook_started, chief_init, aggregate,
                             stop, close, diagnostics, completed_epochs, step, abort_step,
-                            count_epoch, store, last_read, begun, worker.idle_op, lost_marker)
+                            count_epoch, store, last_read, begun, worker.idle_op, lost_marker,
+                            elastic.guest if elastic else None)
     return train_op
 
   def _own_step(self, global_step):

@@ -19,6 +19,7 @@ Typical usage (queue_graph.build does it with elastic=True; the input adds the g
 import dataclasses
 import functools
 import weakref
+from typing import Tuple
 
 import tensorflow as tf
 
@@ -27,8 +28,8 @@ from hooks.errors import FENCED_MARK
 from hooks.workqueue.layout import MAX_WORKERS, Layout
 from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 
-__all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "VARIABLES",
-           "per_worker", "gate", "admit", "refuse_fenced", "fenced", "close_fenced", "register",
+__all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "GUEST", "VARIABLES",
+           "per_worker", "gate", "admit", "guest_join", "refuse_fenced", "fenced", "close_fenced", "register",
            "registered",
            "reclaim_ops", "membership_ops"]
 
@@ -49,8 +50,9 @@ class MembershipOps:
   earlier process lost yet; CLOSED: `epoch`'s barrier is the chief's (wait for a later one).
   `token` (the joining process's, random): a join run again after its answer was lost answers
   JOINED again.
-  `still_lost` (the chief, at `epoch`'s barrier): whether the worker is still fenced; if so
-  the epoch is closed to its join, and the chief arrives for it."""
+  `still_lost` (the chief, at `epoch`'s barrier): [1 if the chief arrives for the worker (it
+  is still fenced: the epoch closes to its join; or it joined it as a guest, guest_join), else
+  0; its batches of `epoch` in the model, which the chief's arrival carries]."""
   epoch: tf.Tensor
   worker: tf.Tensor
   token: tf.Tensor
@@ -58,7 +60,7 @@ class MembershipOps:
   still_lost: tf.Tensor
 
 
-JOINED, NOT_FENCED, CLOSED = 1, 0, 2
+JOINED, NOT_FENCED, CLOSED, GUEST = 1, 0, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,46 +159,74 @@ def membership_ops(lock: tf.CriticalSection, state, vectors,
   feeds = {name: _v1.placeholder(tf.int64, [], "member_" + name)
            for name in ("epoch", "worker", "token")}
   join = execute_unrecorded(lock, functools.partial(_join, state, vectors, feeds, layout))
-  still_lost = execute_unrecorded(lock, functools.partial(_still_lost, state, vectors[1],
-                                                           feeds, layout))
+  still_lost = execute_unrecorded(lock, functools.partial(_still_lost, state, vectors[0],
+                                                           vectors[1], feeds, layout))
   return MembershipOps(join=join, still_lost=still_lost, **feeds)
 
 
-def _join(state, vectors, feeds, layout: Layout) -> tf.Tensor:
+def guest_join(ops, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor
+               ) -> Tuple[tf.Tensor, tf.Tensor]:
+  """(Inside the queue's lock; a synchronous job, hooks.sync.elastic_steps) A relaunched
+  worker's join of the running `epoch` as a guest: GUEST (the fence lifted; its claims start in
+  `epoch`, its gated count goes on from its earlier process's; the chief still arrives for it
+  at `epoch`'s end, which closes), NOT_FENCED or CLOSED (a later epoch is the chief's).
+  Returns (the answer, its earlier process's batches of `epoch` in the model)."""
+  vectors = (ops.gated, ops.closed, ops.joined_by)
+  feeds = {"worker": worker, "epoch": epoch, "token": token}
+  return _join(ops.state_variable, vectors, feeds, ops.layout, guest=True)
+
+
+def _join(state, vectors, feeds, layout: Layout, guest: bool = False):
   """The join's graph (inside the lock): JOINED (the fence lifted, the worker's claims and gated
   count start at `epoch`; or this token's join already did), NOT_FENCED or CLOSED (nothing
-  changes)."""
+  changes). With `guest`: (GUEST instead of JOINED, the batches held) as guest_join says."""
   gated, closed, joined_by = vectors
   parts = layout.parts(state.read_value())
   worker, epoch = feeds["worker"], feeds["epoch"]
   fenced = parts["claims"][worker] <= FENCE_MARK
   again = tf.logical_and(tf.logical_not(fenced), tf.equal(joined_by[worker], feeds["token"]))
-  open_ = tf.logical_and(closed[worker] < epoch, parts["epoch"] <= epoch)
+  open_ = tf.logical_and(closed[worker] <= epoch if guest else closed[worker] < epoch,
+                         parts["epoch"] <= epoch)
   joins = tf.logical_and(fenced, open_)
   written = dict(parts)
   written["claims"] = put(parts["claims"], worker, tf.constant(0, tf.int64), joins)
   written["last"] = put(parts["last"], worker, tf.constant(-1, tf.int64), joins)
   header, fields = layout.join(written)
-  count = tf.where(joins, epoch * graph_keys.EPOCH_SHIFT, gated[worker])
+  held = _batches_in(gated[worker], epoch)
+  count = gated[worker] if guest else tf.where(joins, epoch * graph_keys.EPOCH_SHIFT,
+                                               gated[worker])
   token = tf.where(joins, feeds["token"], joined_by[worker])
+  last = tf.where(joins, tf.maximum(closed[worker], epoch), closed[worker]) if guest else (
+      closed[worker])
   writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),
             gated.scatter_nd_update([[worker]], tf.reshape(count, [1])),
-            joined_by.scatter_nd_update([[worker]], tf.reshape(token, [1]))]
+            joined_by.scatter_nd_update([[worker]], tf.reshape(token, [1])),
+            closed.scatter_nd_update([[worker]], tf.reshape(last, [1]))]
   with tf.control_dependencies(writes):
-    return tf.where(tf.logical_or(joins, again), tf.constant(JOINED, tf.int64),
-                    tf.where(fenced, tf.constant(CLOSED, tf.int64),
-                             tf.constant(NOT_FENCED, tf.int64)))
+    answer = tf.where(tf.logical_or(joins, again), tf.constant(GUEST if guest else JOINED,
+                                                               tf.int64),
+                      tf.where(fenced, tf.constant(CLOSED, tf.int64),
+                               tf.constant(NOT_FENCED, tf.int64)))
+    return (answer, tf.identity(held)) if guest else answer
 
 
-def _still_lost(state, closed, feeds, layout: Layout) -> tf.Tensor:
-  """(inside the lock) Whether the chief arrives for the worker at `epoch`: it is still
-  fenced (then `epoch` closes to its join), or its process joined a later epoch (synchronous
-  training: at the start of the next one)."""
+def _batches_in(count: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
+  """A `gated` count's batches of `epoch` (0 if it counts an earlier epoch's)."""
+  return tf.where(tf.equal(count // graph_keys.EPOCH_SHIFT, epoch),
+                  count % graph_keys.EPOCH_SHIFT, tf.constant(0, tf.int64))
+
+
+def _still_lost(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
+  """(inside the lock) [whether the chief arrives for the worker at `epoch`: it is still
+  fenced (then `epoch` closes to its join), or its process joined as a guest (synchronous
+  training); the worker's batches of `epoch` in the model (its gated count: a guest's goes on
+  from its earlier process's)]."""
   worker, epoch = feeds["worker"], feeds["epoch"]
   lost = layout.parts(state.read_value())["claims"][worker] <= FENCE_MARK
   last = tf.where(lost, tf.maximum(closed[worker], epoch), closed[worker])
   with tf.control_dependencies([closed.scatter_nd_update([[worker]], tf.reshape(last, [1]))]):
-    return tf.logical_or(lost, last >= epoch)
+    return tf.stack([tf.cast(tf.logical_or(lost, last >= epoch), tf.int64),
+                     _batches_in(gated[worker], epoch)])
 
 
 def _reclaim(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
@@ -207,8 +237,7 @@ def _reclaim(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
   parts = layout.parts(state.read_value())
   worker, position = feeds["worker"], parts["next"]
   count = gated[worker]
-  held = tf.where(tf.equal(count // graph_keys.EPOCH_SHIFT, feeds["epoch"]),
-                  count % graph_keys.EPOCH_SHIFT, tf.constant(0, tf.int64))
+  held = _batches_in(count, feeds["epoch"])
   unit = parts["last"][worker]
   safe = tf.maximum(unit, 0)
   back = tf.logical_and(tf.logical_and(unit >= 0, tf.equal(parts["epoch"], feeds["epoch"])),

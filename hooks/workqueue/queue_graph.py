@@ -82,6 +82,7 @@ class QueueOps:
   membership: "MembershipOps | None" = None  # with elastic: a relaunched worker's rejoin
   closed: "tf.Variable | None" = None  # with elastic: per worker, the last epoch it is closed
   accepted: "tf.Variable | None" = None  # with elastic: per worker, its batches in the model
+  joined_by: "tf.Variable | None" = None  # with elastic: per worker, its joining process's token
 
 
 def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
@@ -124,7 +125,8 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
                   new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
                   lock=lock if elastic else None, gated=gated, state_variable=state,
-                  membership=membership, closed=closed, accepted=accepted, **feeds)
+                  membership=membership, closed=closed, accepted=accepted,
+                  joined_by=joined_by, **feeds)
 
 
 def _assign(state, vector) -> tf.Tensor:
