@@ -121,10 +121,31 @@ def test_a_guest_joins_the_running_epoch_and_the_next_round_that_goes_on_takes_i
   assert s.run(s.started).tolist() == [-1, 7, -1]  # its first marker: step 7, no token
   assert s.run(s.owed).tolist() == [7, 7, 7]
   assert s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 8}) == 0  # in once
-  assert s.queue.still_lost_and_held(0, worker=1) == (True, 1)  # the chief arrives for it
+  assert _gather_check(s, 0, worker=1) == (False, 1)  # in the steps: it arrives itself
   s.run(s.epoch_start, {s.token: 9})
   assert s.run(s.started).tolist() == [-1, -1, -1]
-  assert s.queue.still_lost_and_held(1, worker=1) == (False, 0)  # then it arrives itself
+  assert _gather_check(s, 1, worker=1) == (False, 0)
+
+
+def _gather_check(s, epoch, worker):
+  """The chief's check at `epoch`'s gather (the sync optimizer's): (it arrives for `worker`,
+  the worker's batches of `epoch` in the model)."""
+  ops = s.steps.guest.membership
+  lost, held = s.run(ops.still_lost, {ops.epoch: epoch, ops.worker: worker})
+  return bool(lost), int(held)
+
+
+def test_the_chiefs_gather_stands_in_for_a_guest_no_step_took_in_and_cancels_its_join():
+  s = _Steps()
+  for w in range(WORKERS):
+    s.queue.claim(0, worker=w, seq=0)
+  s.run(s.grad[1])
+  s.queue.reclaim(0, worker=1)
+  assert _join(s, 1) == [GUEST, 1]
+  assert _gather_check(s, 0, worker=1) == (True, 1)  # the chief arrives for it, with its batch
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0  # too late to take it in
+  assert s.run(s.started).tolist() == [-1, -1, -1]
+  assert _gather_check(s, 0, worker=1) == (True, 1)  # asked again: the same
 
 
 def test_a_guest_that_joins_when_the_epoch_ends_starts_with_the_next_one():

@@ -54,16 +54,18 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     period_secs: `float`, how often the workers are probed.
     on_lost: `(session, worker_id) -> None`, after the reclaim (synchronous: the chief sends
       the marker the lost worker owes; hooks.session.elastic_sync).
+    membership: the queue's MembershipOps to ask at each gather (synchronous: the sync
+      optimizer's, which cancels a guest's join no step took in yet); default: the queue's.
   """
 
   def __init__(self, queue: UnitPasses, barrier, monitor: LivenessMonitor,
                worker_names: Sequence[str], stalled_after_secs: float,
                period_secs: float = PERIOD_SECS,
-               on_lost: Optional[Callable[[Any, int], None]] = None):
+               on_lost: Optional[Callable[[Any, int], None]] = None, membership: Any = None):
     self._queue, self._barrier, self._monitor = queue, barrier, monitor
     self._names, self._period = list(worker_names), period_secs
     self._stalled_after = stalled_after_secs
-    self._on_lost = on_lost
+    self._on_lost, self._own_membership = on_lost, membership
     self._lost: set = set()
     self._rejoined: set = set()  # probed as known up: a rejoined process that is down is lost
     self._stop = threading.Event()
@@ -72,7 +74,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
   def begin(self):
     ops = self._queue.claims.ops
     self._reclaim, self._read_epoch = ops.reclaim, ops.state["epoch"]
-    self._membership, self._read_claims = ops.membership, ops.state["claims"]
+    self._membership = self._own_membership or ops.membership
+    self._read_claims = ops.state["claims"]
 
   def after_create_session(self, session, coord):
     self._stop.clear()

@@ -10,9 +10,10 @@ queue's MembershipOps decide, inside its lock, so the chief's stand-in and the j
 count one epoch.
 
 Synchronous training (`guest`) joins the running epoch as a guest: the next aggregation that
-hands out tokens takes it into the steps, so it trains from the next step; the chief still
-arrives for it at that epoch's end (its count goes on from its earlier process's), and it
-arrives itself from the next epoch on. If the epoch ends first, it starts with the next one.
+hands out tokens takes it into the steps, so it trains from the next step and arrives itself
+at the epoch's end (its count goes on from its earlier process's). If the epoch's steps or its
+gather end first, the chief arrives for it there and it starts with the next epoch; so it
+does if its earlier process had arrived at the epoch's end before it died.
 
 Typical usage (hooks.session.wiring, on every worker but the chief with --epochsync_elastic):
   start = RunStartHook(..., rejoin=rejoin_fn(queue, barrier))
@@ -39,6 +40,9 @@ def rejoin_fn(queue: UnitPasses, barrier, guest: Any = None
   def rejoin(session) -> Optional[str]:
     running = barrier.start_epoch(session)
     if not joined:
+      if guest is not None and barrier.arrived_at_end(session, running):
+        return (f"its earlier process arrived at the end of epoch {running} before it was "
+                "lost; it joins when that epoch ends")
       answer, held = (queue.claims.join(session, running), 0) if guest is None else (
           guest.join(session, running))
       if answer == NOT_FENCED:

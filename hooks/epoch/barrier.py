@@ -112,6 +112,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                                  warn_after_secs, log_every_secs)
     self._chief_actions: List[ChiefAction] = []
     self.stand_ins = StandIns(self._run_stand_in, self.worker_names, self.task_name)
+    self._guest: Optional[Tuple[int, int]] = None  # (elastic) (epoch joined as a guest, held)
     self._release_wait = ReleaseWait(self.task_name, self.worker_names[0], self._waiter,
                                      liveness, self._wait, self._missing)
     epoch_input.add_listener(self)
@@ -128,10 +129,15 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self.stand_ins.lose(session, worker_id, epoch, batches, still_lost)
 
   def join_as_guest(self, epoch: int, held: int) -> None:
-    """(Elastic, synchronous; a relaunched worker) It joined `epoch` as a guest: the chief
-    arrives for it at the epoch's end, and its count goes on from the `held` batches of it its
-    earlier process trained (hooks.elastic.rejoin)."""
-    self._release_wait.guest = (epoch, held)
+    """(Elastic, synchronous; a relaunched worker, hooks.elastic.rejoin) A step took it into
+    `epoch`: its count goes on from the `held` batches its earlier process trained, and its
+    arrival's examples are unknown (-1), as a stand-in's."""
+    self._guest = (epoch, held)
+
+  def arrived_at_end(self, session, epoch: int) -> bool:
+    """Whether this worker (an earlier process of it) arrived at `epoch`'s end."""
+    arrived = session.run(self._arrived, options=run_options(_RPC_TIMEOUT_SECS))
+    return int(arrived[self.worker_id]) >= 2 * epoch + 1
 
   def _run_stand_in(self, session, worker_id: int, batches: int, seq: int) -> bool:
     return bool(_run(session, self._stand_in, {self._stand_in_worker: worker_id,
@@ -156,7 +162,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     return int(session.run(self._completed, options=run_options(_RPC_TIMEOUT_SECS)))
 
   def resume_batches(self, session, epoch: int) -> Optional[int]:
-    return self._release_wait.guest_batches(epoch)
+    return self._guest[1] if self._guest and self._guest[0] == epoch else None
 
   def session_created(self, session, start_epoch: int) -> None:
     if run_start.rejoined_run():  # (elastic) The job runs already: it gathers no start.
@@ -262,8 +268,9 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def _arrive_and_wait_for_release(self, session, wait: Wait, stats: EpochStats) -> None:
     """A worker: one run enqueues its arrival (never blocks) and dequeues its release."""
+    guest = self.resume_batches(session, stats.epoch) is not None  # examples: some unknown
     self._release_wait.arrive(session, wait, self._arrive_and_wait, {
-        self._seq: wait.seq, self._stats: [stats.batches, stats.examples],
+        self._seq: wait.seq, self._stats: [stats.batches, -1 if guest else stats.examples],
         self._times: [stats.started_at, stats.ended_at]}, self._next_release)
 
   def _wait(self, session, call: BackgroundRun, wait: Wait) -> bool:

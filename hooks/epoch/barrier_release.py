@@ -4,15 +4,14 @@ One run enqueues the worker's arrival (never blocks) and dequeues its own releas
 of its own (`hooks.faults.waiting.BackgroundRun`) while the waiting task logs who is missing
 and enforces the barrier's deadline (hooks.epoch.barrier_wait). An elastic worker that
 rejoined passes over the releases of the barriers the chief arrived at for it while it was
-lost (hooks.epoch.stand_ins), and at the end of the epoch it joined as a guest (synchronous
-training: the chief arrives for it there, hooks.elastic.rejoin) it only waits for the release.
+lost (hooks.epoch.stand_ins).
 
 Typical usage (EpochBarrierHook, on every worker but the chief):
   release = ReleaseWait("worker:1", "worker:0", waiter, liveness, wait_fn, missing_fn)
   release.arrive(session, wait, arrive_and_wait_op, feed_dict, next_release_op)
 """
 
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 import tensorflow as tf
 
@@ -44,21 +43,10 @@ class ReleaseWait:
                missing_fn: Callable[[object, int], Optional[List[str]]]):
     self._task, self._chief, self._waiter, self._liveness = task_name, chief, waiter, liveness
     self._wait, self._missing = wait_fn, missing_fn
-    self.guest: Optional[Tuple[int, int]] = None  # (elastic) (epoch joined as a guest, held)
-
-  def guest_batches(self, epoch: int) -> Optional[int]:
-    """(Elastic) The batches of `epoch` its earlier process trained, if it joined it as a guest."""
-    return self.guest[1] if self.guest and self.guest[0] == epoch else None
 
   def arrive(self, session, wait: Wait, arrive_and_wait, feed_dict, next_release) -> None:
-    """One run enqueues the arrival and dequeues the release; returns once released. At the
-    end of a guest's epoch the chief arrived for it: it only dequeues the release."""
-    if wait.barrier == "epoch_end" and self.guest_batches(wait.epoch) is not None:
-      logging.info("%s joined epoch %d as a guest: %s arrives for it, and it waits for the "
-                   "release", self._task, wait.epoch, self._chief)
-      got = self._released(session, wait, next_release, None)
-    else:
-      got = self._released(session, wait, arrive_and_wait, feed_dict)
+    """One run enqueues the arrival and dequeues the release; returns once released."""
+    got = self._released(session, wait, arrive_and_wait, feed_dict)
     while 0 <= got < wait.seq:  # Bounded: the releases queued before this arrival.
       logging.info("%s: passes over the release of barrier %d, which the chief arrived at for "
                    "this worker while it was lost", self._task, got)

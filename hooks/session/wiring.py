@@ -148,7 +148,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   if settings.elastic and config.is_chief:
     hooks.append(LostWorkerWatch(queue, barrier, monitor, worker_names=config.worker_names,
                                  stalled_after_secs=_stalled_after(settings, sync_hook),
-                                 on_lost=on_lost))
+                                 on_lost=on_lost, membership=None if sync_hook is None else
+                                 sync_hook.optimizer.sync_ops.guest.membership))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))

@@ -19,8 +19,10 @@ gradient queues (hooks.sync.gradient_queues: the chief takes only the step's sen
   - **a guest's join** (`join`): a relaunched worker joins the running epoch in the lock (the
     marker its earlier process owes is sent first, as DONE; elastic_graph.guest_join), and the
     next aggregation that hands out tokens takes it into the steps: it owes the marker of the
-    tokens' step, which it reads (`started`) instead of a token. A round that ends the epoch
-    takes no guest: it starts with the next epoch instead.
+    tokens' step, waits for `started` instead of a token, and arrives itself at the epoch's
+    barrier (its DONE then precedes the next epoch's markers, as every worker's). A round that
+    ends the epoch takes no guest, nor does one after the chief's gather stood in for it
+    (`still_lost` cancels the join): it starts with the next epoch instead.
 
 Typical usage (WorkerDoneSyncReplicasOptimizer.apply_gradients, with an elastic queue):
   steps = ElasticSteps(hooks.workqueue.elastic_graph.registered(), state, step, n_workers)
@@ -53,12 +55,16 @@ class GuestOps:
   """A relaunched worker's join of the running epoch (hooks.elastic.rejoin): `join` (feeds
   `worker`, `epoch`, `token`) answers [elastic_graph's GUEST, NOT_FENCED or CLOSED; the batches
   of `epoch` its earlier process trained]; `started[worker]`: the step of its first marker once
-  an aggregation took it into the steps, -1 before (and from the next epoch's start on)."""
+  an aggregation took it into the steps, -1 before (and from the next epoch's start on); the
+  step then waits for its marker, so it reads its first step from the step, as every worker.
+  `membership`: the queue's MembershipOps with the chief's `still_lost` of a synchronous job
+  (it cancels a guest's join no step took in yet, so the chief arrives for it)."""
   worker: tf.Tensor
   epoch: tf.Tensor
   token: tf.Tensor
   join: tf.Tensor
   started: tf.Variable
+  membership: Any
 
 
 class ElasticSteps:
@@ -87,8 +93,11 @@ class ElasticSteps:
     self._ids = tf.reshape(tf.range(num_workers, dtype=tf.int64), [num_workers, 1])
     epoch = state.completed_epochs.read_value() * graph_keys.EPOCH_SHIFT
     self._started = started
-    self.guest = GuestOps(*feeds, execute_unrecorded(
-        queue.lock, functools.partial(self._join, *feeds)), started)
+    join = execute_unrecorded(queue.lock, functools.partial(self._join, *feeds))
+    membership = dataclasses.replace(queue.membership, still_lost=execute_unrecorded(
+        queue.lock, functools.partial(self._still_lost, queue.membership.worker,
+                                      queue.membership.epoch)))
+    self.guest = GuestOps(*feeds, join, started, membership)
     self.init = tf.group(
         self.owed.assign(tf.fill([num_workers], tf.cast(step, tf.int64))),
         queue.accepted.scatter_nd_update(self._ids, tf.fill([num_workers], epoch)),
@@ -127,18 +136,31 @@ class ElasticSteps:
       with tf.control_dependencies([counted]):
         # Guests join a round that goes on (not one that ends the epoch or stops the job).
         goes_on = tf.reduce_sum(receivers) > 0
-        guests = tf.logical_and(tf.logical_and(self._joining >= 0, goes_on),
+        joining, started = self._joining.read_value(), self._started.read_value()
+        closed = self._queue.closed[:self._n]
+        guests = tf.logical_and(tf.logical_and(joining >= 0, goes_on),
                                 tf.logical_not(elastic_graph.fenced(self._queue, self._n)))
-        taken = [self._started.assign(tf.where(guests, tf.fill([self._n], token),
-                                               self._started.read_value())),
-                 self._joining.assign(tf.where(guests, tf.fill([self._n], tf.constant(
-                     -1, tf.int64)), self._joining.read_value()))]
+        with tf.control_dependencies([joining, started, closed]):  # read, then written
+          taken = [self._started.assign(tf.where(guests, tf.fill([self._n], token), started)),
+                   # A guest in the steps arrives itself at the epoch's barrier.
+                   self._queue.closed[:self._n].assign(tf.where(guests, joining - 1, closed)),
+                   self._joining.assign(tf.where(guests, tf.fill([self._n], tf.constant(
+                       -1, tf.int64)), joining))]
         with tf.control_dependencies(taken):
           owing = tf.logical_or(receivers > 0, guests)
           with tf.control_dependencies([self._owe(owing, token)]):
             return tf.reduce_sum(tf.cast(guests, tf.int32))
 
     return execute_unrecorded(self._queue.lock, account)
+
+  def _still_lost(self, worker: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
+    """(Inside the lock) The chief's check at `epoch`'s gather; a guest no step took in yet is
+    stood in for (its join cancelled: it starts with the next epoch)."""
+    pending = tf.equal(self._joining[worker], epoch)
+    cancelled = self._joining.scatter_nd_update([[worker]], tf.reshape(
+        tf.where(pending, tf.constant(-1, tf.int64), self._joining[worker]), [1]))
+    with tf.control_dependencies([cancelled]):
+      return elastic_graph.still_lost(self._queue, worker, epoch)
 
   def _join(self, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) GuestOps.join: the earlier process's owed marker goes first."""

@@ -144,9 +144,9 @@ def worker_ops(state: PsState, wid: int, step: tf.Variable, local: tf.Variable,
     return WorkerOps(train_op, local_step_init, hook_started, done_op, refresh)
   with tf.device(dev):  # A relaunched process's first epoch: its earlier one's last token.
     stale = state.tokens[wid].dequeue_many(state.tokens[wid].size())
-    first = elastic.guest.started[wid]  # a guest's first step in the running epoch, or -1
-    at = tf.where(first >= 0, tf.cast(first, local.dtype.base_dtype), tf.identity(step))
-  refresh = tf.group(local.assign(at), active, stale, name="refresh_local_step")
+  # A guest (hooks.sync.elastic_steps) reads the step too: once a round took it in, the step
+  # waits for its marker, so the step is the one it owes, as for every worker in the steps.
+  refresh = tf.group(local_step_init, active, stale, name="refresh_local_step")
   # No batch now (its claim waits): it stays in the steps without one.
   with tf.control_dependencies([elastic.marker(wid, IDLE, local)]), tf.device(dev):
     idle_token = state.tokens[wid].dequeue()

@@ -29,7 +29,7 @@ from hooks.workqueue.layout import MAX_WORKERS, Layout
 from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 
 __all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "GUEST", "VARIABLES",
-           "per_worker", "gate", "admit", "guest_join", "refuse_fenced", "fenced", "close_fenced", "register",
+           "per_worker", "gate", "admit", "guest_join", "still_lost", "refuse_fenced", "fenced", "close_fenced", "register",
            "registered",
            "reclaim_ops", "membership_ops"]
 
@@ -168,8 +168,9 @@ def guest_join(ops, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor
                ) -> Tuple[tf.Tensor, tf.Tensor]:
   """(Inside the queue's lock; a synchronous job, hooks.sync.elastic_steps) A relaunched
   worker's join of the running `epoch` as a guest: GUEST (the fence lifted; its claims start in
-  `epoch`, its gated count goes on from its earlier process's; the chief still arrives for it
-  at `epoch`'s end, which closes), NOT_FENCED or CLOSED (a later epoch is the chief's).
+  `epoch`, its gated count goes on from its earlier process's; `epoch` stays closed, the chief
+  arriving for it, until a step takes it in and opens it), NOT_FENCED or CLOSED (a later
+  epoch is the chief's).
   Returns (the answer, its earlier process's batches of `epoch` in the model)."""
   vectors = (ops.gated, ops.closed, ops.joined_by)
   feeds = {"worker": worker, "epoch": epoch, "token": token}
@@ -214,6 +215,13 @@ def _batches_in(count: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
   """A `gated` count's batches of `epoch` (0 if it counts an earlier epoch's)."""
   return tf.where(tf.equal(count // graph_keys.EPOCH_SHIFT, epoch),
                   count % graph_keys.EPOCH_SHIFT, tf.constant(0, tf.int64))
+
+
+def still_lost(ops, worker: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
+  """(Inside the queue's lock) MembershipOps.still_lost's graph, for a synchronous job's own
+  check (hooks.sync.elastic_steps: it first cancels a guest's join no step took in yet)."""
+  return _still_lost(ops.state_variable, ops.gated, ops.closed,
+                     {"worker": worker, "epoch": epoch}, ops.layout)
 
 
 def _still_lost(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
