@@ -11,6 +11,7 @@ and must equal the checkpoint's parameters to 1e-5.
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -119,8 +120,10 @@ def test_a_frozen_worker_is_fenced_and_when_it_wakes_nothing_of_it_is_trained_tw
 @pytest.mark.timeout(300)
 def test_a_killed_worker_relaunched_after_5_s_rejoins_and_the_job_equals_the_oracle(tmp_path):
   """worker:1 is SIGKILLed inside a unit of epoch 0 and relaunched 5 s later: the new process
-  joins at the start of an epoch (the steps count it from their first), trains units to the
-  end and exits 0; the model is the oracle's of the recorded steps."""
+  joins the running epoch as a guest; the next step takes it in (then it arrives itself at that
+  epoch's end) unless the epoch's steps end first (then the chief arrives for it and it starts
+  with the next epoch). It trains units to the end and exits 0; the model is the oracle's of
+  the recorded steps."""
   logs, epochs = str(tmp_path / "logs"), 10  # about 2 s each: the new process starts in 6-10
   with LocalCluster(num_workers=WORKERS, timeout_secs=200, fail_fast_secs=None,
                     log_dir=logs) as cluster:
@@ -138,15 +141,24 @@ def test_a_killed_worker_relaunched_after_5_s_rejoins_and_the_job_equals_the_ora
                                       result.tasks.values()]
   relaunched = open(os.path.join(logs, "worker-1.log")).read()
   assert "worker:1 rejoined the running job" in relaunched, relaunched[-3000:]
+  joined = re.search(r"worker:1 joined epoch (\d+) as a guest", relaunched)
+  assert joined, relaunched[-3000:]
+  guest = int(joined.group(1))
   audit = read_audit(str(tmp_path / "model"))
   assert [line["epoch"] for line in audit] == list(range(epochs))
   assert audit[0]["lost_workers"] == ["worker:1"]
   back = [line["epoch"] for line in audit if "lost_workers" not in line]
   assert back and back == list(range(back[0], epochs)), audit  # a member again, to the end
+  assert back[0] in (guest, guest + 1), (guest, audit)  # taken into the steps, or the next
+  taken_in = back[0] == guest
+  if taken_in:  # it arrived itself at the end of the epoch it joined
+    assert audit[guest]["workers"]["worker:1"]["examples"] == -1, audit[guest]
   assert all(any(u["worker"] == "worker:1" for u in line["units"])
-             for line in audit[back[0]:]), [line["units"] for line in audit]
+             for line in audit[guest + 1:]), [line["units"] for line in audit]
   _assert_equals_the_oracle(tmp_path, audit)
-  print(f"worker:1 lost in epoch 0, a member again from epoch {back[0]} of {epochs}")
+  print(f"worker:1 lost in epoch 0, joined epoch {guest} as a guest "
+        f"({'taken into its steps' if taken_in else 'its steps ended first'}), a member to "
+        f"epoch {epochs - 1}")
 
 
 def _newest_mid_epoch(model_dir: str):
