@@ -12,7 +12,7 @@ from hooks.errors import FENCED_MARK
 from hooks.sync import gradient_queues
 from hooks.sync.aggregation_graph import DONE, GRAD
 from hooks.sync.elastic_steps import IDLE, ElasticSteps
-from hooks.workqueue.elastic_graph import GUEST, NOT_FENCED
+from hooks.workqueue.elastic_graph import CLOSED, GUEST, NOT_FENCED
 from local_queue import LocalQueue
 
 _v1 = tf.compat.v1
@@ -146,6 +146,19 @@ def test_the_chiefs_gather_stands_in_for_a_guest_no_step_took_in_and_cancels_its
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0  # too late to take it in
   assert s.run(s.started).tolist() == [-1, -1, -1]
   assert _gather_check(s, 0, worker=1) == (True, 1)  # asked again: the same
+
+
+def test_a_guest_cannot_join_an_epoch_the_chiefs_gather_stood_in_for_it():
+  s = _Steps()
+  for w in range(WORKERS):
+    s.queue.claim(0, worker=w, seq=0)
+  s.queue.reclaim(0, worker=1)
+  assert _gather_check(s, 0, worker=1) == (True, 0)  # the chief arrives for it at epoch 0
+  assert _join(s, 1) == [CLOSED, 0]  # so its relaunched process joins no step of epoch 0
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0
+  s.run(s.epoch_start, {s.token: 7})
+  assert _join(s, 1, epoch=1) == [GUEST, 0]  # it joins epoch 1
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 8}) == 1
 
 
 def test_a_guest_that_joins_when_the_epoch_ends_starts_with_the_next_one():

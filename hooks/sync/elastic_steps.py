@@ -67,6 +67,11 @@ class GuestOps:
   membership: Any
 
 
+def _stood_in(epoch: tf.Tensor) -> tf.Tensor:
+  """A `joining` value: the chief's gather arrived for the worker at `epoch`'s end."""
+  return -2 - epoch
+
+
 class ElasticSteps:
   """The elastic pieces of one sync optimizer over the graph's elastic work queue.
 
@@ -84,7 +89,8 @@ class ElasticSteps:
       vector = functools.partial(_v1.Variable, none, trainable=False, collections=[],
                                  use_resource=True)
       self.owed = vector(name="owed_markers")
-      self._joining = vector(name="joining_guests")  # a guest's epoch, until it is in the steps
+      # A guest's epoch until a step takes it in; -1; or _stood_in: too late to join it.
+      self._joining = vector(name="joining_guests")
       started = vector(name="guest_first_steps")  # GuestOps.started
       feeds = [_v1.placeholder(tf.int64, [], "guest_" + name)
                for name in ("worker", "epoch", "token")]
@@ -156,17 +162,20 @@ class ElasticSteps:
   def _still_lost(self, worker: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) The chief's check at `epoch`'s gather; a guest no step took in yet is
     stood in for (its join cancelled: it starts with the next epoch)."""
-    pending = tf.equal(self._joining[worker], epoch)
-    cancelled = self._joining.scatter_nd_update([[worker]], tf.reshape(
-        tf.where(pending, tf.constant(-1, tf.int64), self._joining[worker]), [1]))
-    with tf.control_dependencies([cancelled]):
-      return elastic_graph.still_lost(self._queue, worker, epoch)
+    answer = elastic_graph.still_lost(self._queue, worker, epoch)
+    # A guest no step took in yet waits no more; none joins `epoch` after this stand-in.
+    pending = tf.logical_or(tf.equal(self._joining[worker], epoch), answer[0] > 0)
+    closed = self._joining.scatter_nd_update([[worker]], tf.reshape(
+        tf.where(pending, _stood_in(epoch), self._joining[worker]), [1]))
+    with tf.control_dependencies([closed]):
+      return tf.identity(answer)
 
   def _join(self, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) GuestOps.join: the earlier process's owed marker goes first."""
     was_fenced = elastic_graph.fenced(self._queue, self._n)[worker]
-    with tf.control_dependencies([self._send_owed(worker), was_fenced]):
-      answer, held = elastic_graph.guest_join(self._queue, worker, epoch, token)
+    allowed = tf.not_equal(self._joining[worker], _stood_in(epoch))
+    with tf.control_dependencies([self._send_owed(worker), was_fenced, allowed]):
+      answer, held = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed)
     joined = tf.logical_and(was_fenced, tf.equal(answer, elastic_graph.GUEST))
     with tf.control_dependencies([self._joining.scatter_nd_update([[worker]], tf.reshape(
         tf.where(joined, epoch, self._joining[worker]), [1]))]):

@@ -164,51 +164,54 @@ def membership_ops(lock: tf.CriticalSection, state, vectors,
   return MembershipOps(join=join, still_lost=still_lost, **feeds)
 
 
-def guest_join(ops, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor
-               ) -> Tuple[tf.Tensor, tf.Tensor]:
+def guest_join(ops, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor,
+               allowed: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
   """(Inside the queue's lock; a synchronous job, hooks.sync.elastic_steps) A relaunched
   worker's join of the running `epoch` as a guest: GUEST (the fence lifted; its claims start in
   `epoch`, its gated count goes on from its earlier process's; `epoch` stays closed, the chief
   arriving for it, until a step takes it in and opens it), NOT_FENCED or CLOSED (a later
   epoch is the chief's).
-  Returns (the answer, its earlier process's batches of `epoch` in the model)."""
+  Returns (the answer, its earlier process's batches of `epoch` in the model); CLOSED unless
+  `allowed` (the chief already arrived for it at `epoch`'s end)."""
   vectors = (ops.gated, ops.closed, ops.joined_by)
   feeds = {"worker": worker, "epoch": epoch, "token": token}
-  return _join(ops.state_variable, vectors, feeds, ops.layout, guest=True)
+  return _join(ops.state_variable, vectors, feeds, ops.layout, guest=allowed)
 
 
-def _join(state, vectors, feeds, layout: Layout, guest: bool = False):
+def _join(state, vectors, feeds, layout: Layout, guest: "tf.Tensor | None" = None):
   """The join's graph (inside the lock): JOINED (the fence lifted, the worker's claims and gated
   count start at `epoch`; or this token's join already did), NOT_FENCED or CLOSED (nothing
-  changes). With `guest`: (GUEST instead of JOINED, the batches held) as guest_join says."""
+  changes). With `guest` (whether it may join): (GUEST instead of JOINED, the batches held)
+  as guest_join says."""
   gated, closed, joined_by = vectors
   parts = layout.parts(state.read_value())
   worker, epoch = feeds["worker"], feeds["epoch"]
   fenced = parts["claims"][worker] <= FENCE_MARK
   again = tf.logical_and(tf.logical_not(fenced), tf.equal(joined_by[worker], feeds["token"]))
-  open_ = tf.logical_and(closed[worker] <= epoch if guest else closed[worker] < epoch,
-                         parts["epoch"] <= epoch)
+  open_ = tf.logical_and(
+      tf.logical_and(closed[worker] <= epoch, guest) if guest is not None else
+      closed[worker] < epoch, parts["epoch"] <= epoch)
   joins = tf.logical_and(fenced, open_)
   written = dict(parts)
   written["claims"] = put(parts["claims"], worker, tf.constant(0, tf.int64), joins)
   written["last"] = put(parts["last"], worker, tf.constant(-1, tf.int64), joins)
   header, fields = layout.join(written)
   held = _batches_in(gated[worker], epoch)
-  count = gated[worker] if guest else tf.where(joins, epoch * graph_keys.EPOCH_SHIFT,
-                                               gated[worker])
+  count = gated[worker] if guest is not None else tf.where(
+      joins, epoch * graph_keys.EPOCH_SHIFT, gated[worker])
   token = tf.where(joins, feeds["token"], joined_by[worker])
-  last = tf.where(joins, tf.maximum(closed[worker], epoch), closed[worker]) if guest else (
-      closed[worker])
+  last = (tf.where(joins, tf.maximum(closed[worker], epoch), closed[worker])
+          if guest is not None else closed[worker])
   writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),
             gated.scatter_nd_update([[worker]], tf.reshape(count, [1])),
             joined_by.scatter_nd_update([[worker]], tf.reshape(token, [1])),
             closed.scatter_nd_update([[worker]], tf.reshape(last, [1]))]
   with tf.control_dependencies(writes):
-    answer = tf.where(tf.logical_or(joins, again), tf.constant(GUEST if guest else JOINED,
-                                                               tf.int64),
+    answer = tf.where(tf.logical_or(joins, again),
+                      tf.constant(JOINED if guest is None else GUEST, tf.int64),
                       tf.where(fenced, tf.constant(CLOSED, tf.int64),
                                tf.constant(NOT_FENCED, tf.int64)))
-    return (answer, tf.identity(held)) if guest else answer
+    return answer if guest is None else (answer, tf.identity(held))
 
 
 def _batches_in(count: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
