@@ -59,9 +59,14 @@ class LocalQueue:
 
   def join(self, epoch, worker, token=7):
     """A relaunched `worker`'s join at `epoch` (elastic): JOINED, NOT_FENCED or CLOSED."""
+    return self.join_and_held(epoch, worker, token)[0]
+
+  def join_and_held(self, epoch, worker, token=7):
+    """(the join's answer, its earlier process's batches of `epoch` in the model)."""
     ops = self.ops.membership
-    return int(self.session.run(ops.join, {ops.epoch: epoch, ops.worker: worker,
-                                           ops.token: token}))
+    answer, held = self.session.run(ops.join, {ops.epoch: epoch, ops.worker: worker,
+                                               ops.token: token})
+    return int(answer), int(held)
 
   def still_lost(self, epoch, worker):
     """The chief's check at `epoch`'s barrier: whether it arrives for `worker`."""

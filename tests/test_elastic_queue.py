@@ -142,14 +142,28 @@ def test_a_new_run_lifts_the_fences_an_earlier_run_left_in_the_state():
   assert queue.claim(1, worker=1, seq=0) >= 0  # the next epoch hands it a unit
 
 
+def test_a_relaunched_worker_joins_the_epoch_it_was_lost_in_with_the_count_its_process_left():
+  queue = LocalQueue(units=4, workers=3, elastic=True)
+  JOINED, NOT_FENCED = queue_graph.JOINED, queue_graph.NOT_FENCED
+  unit = queue.claim(0, worker=1, seq=0, at=0)
+  queue.pass_gate(worker=1, times=3)
+  assert queue.join(0, worker=1) == NOT_FENCED  # the chief has not found the old process lost
+  assert queue.reclaim_result(0, worker=1) == (unit, 3, 0, 3)
+  assert queue.join_and_held(0, worker=1) == (JOINED, 3)  # no gather arrived for it yet
+  assert not queue.still_lost(0, worker=1)  # epoch 0's gather: it arrives itself
+  assert queue.claim(0, worker=1, seq=0, at=3) >= 0  # its count goes on from 3
+  queue.pass_gate(worker=1, times=2)
+  assert queue.still_lost_and_held(0, worker=1) == (False, 5)
+
+
 def test_a_relaunched_worker_joins_at_the_first_epoch_whose_barrier_the_chief_left_to_it():
   queue = LocalQueue(units=4, workers=3, elastic=True)
   JOINED, NOT_FENCED, CLOSED = queue_graph.JOINED, queue_graph.NOT_FENCED, queue_graph.CLOSED
   queue.claim(0, worker=1, seq=0)
   assert queue.join(0, worker=1) == NOT_FENCED  # the chief has not found the old process lost
-  queue.reclaim(0, worker=1)  # lost in epoch 0: the chief arrives for it there
-  assert queue.join(0, worker=1) == CLOSED
+  queue.reclaim(0, worker=1)  # lost in epoch 0
   assert queue.still_lost(0, worker=1)  # epoch 0's gather: the chief arrives for it
+  assert queue.join(0, worker=1) == CLOSED
   assert queue.join(1, worker=1) == JOINED  # epoch 1 is its own
   assert queue.join(1, worker=1) == JOINED  # run again (its answer lost): the same answer
   assert queue.join(1, worker=1, token=8) == NOT_FENCED  # another process: nothing to join

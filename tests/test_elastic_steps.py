@@ -12,7 +12,7 @@ from hooks.errors import FENCED_MARK
 from hooks.sync import gradient_queues
 from hooks.sync.aggregation_graph import DONE, GRAD
 from hooks.sync.elastic_steps import IDLE, ElasticSteps
-from hooks.workqueue.elastic_graph import CLOSED, GUEST, NOT_FENCED
+from hooks.workqueue.elastic_graph import CLOSED, JOINED, NOT_FENCED
 from local_queue import LocalQueue
 
 _v1 = tf.compat.v1
@@ -114,8 +114,8 @@ def test_a_guest_joins_the_running_epoch_and_the_next_round_that_goes_on_takes_i
   s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 6})  # it got a token: DONE sent for it
   assert s.markers_sent() == [(1, DONE, 6)]
   assert _join(s, 2) == [NOT_FENCED, 0]  # worker 2's process is not lost
-  assert _join(s, 1) == [GUEST, 1]  # its earlier process's batch of epoch 0 is in the model
-  assert _join(s, 1) == [GUEST, 1]  # run again (its answer lost): the same, nothing more
+  assert _join(s, 1) == [JOINED, 1]  # its earlier process's batch of epoch 0 is in the model
+  assert _join(s, 1) == [JOINED, 1]  # run again (its answer lost): the same, nothing more
   assert s.run(s.started).tolist() == [-1, -1, -1]
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 1  # the guest is in
   assert s.run(s.started).tolist() == [-1, 7, -1]  # its first marker: step 7, no token
@@ -141,7 +141,7 @@ def test_the_chiefs_gather_stands_in_for_a_guest_no_step_took_in_and_cancels_its
     s.queue.claim(0, worker=w, seq=0)
   s.run(s.grad[1])
   s.queue.reclaim(0, worker=1)
-  assert _join(s, 1) == [GUEST, 1]
+  assert _join(s, 1) == [JOINED, 1]
   assert _gather_check(s, 0, worker=1) == (True, 1)  # the chief arrives for it, with its batch
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0  # too late to take it in
   assert s.run(s.started).tolist() == [-1, -1, -1]
@@ -157,7 +157,7 @@ def test_a_guest_cannot_join_an_epoch_the_chiefs_gather_stood_in_for_it():
   assert _join(s, 1) == [CLOSED, 0]  # so its relaunched process joins no step of epoch 0
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0
   s.run(s.epoch_start, {s.token: 7})
-  assert _join(s, 1, epoch=1) == [GUEST, 0]  # it joins epoch 1
+  assert _join(s, 1, epoch=1) == [JOINED, 0]  # it joins epoch 1
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 8}) == 1
 
 
@@ -166,7 +166,7 @@ def test_a_guest_that_joins_when_the_epoch_ends_starts_with_the_next_one():
   for w in range(WORKERS):
     s.queue.claim(0, worker=w, seq=0)
   s.queue.reclaim(0, worker=1)
-  assert _join(s, 1) == [GUEST, 0]  # the marker it owed (step 5) goes first, as DONE
+  assert _join(s, 1) == [JOINED, 0]  # the marker it owed (step 5) goes first, as DONE
   assert s.markers_sent() == [(1, DONE, 5)]
   assert s.run(s.tokens, {s.receivers: [0, 0, 0], s.token: 5}) == 0  # the epoch's last round
   s.run(s.epoch_start, {s.token: 5})
@@ -180,11 +180,11 @@ def test_a_guest_lost_again_before_a_round_took_it_in_is_not_taken_in():
   for w in range(WORKERS):
     s.queue.claim(0, worker=w, seq=0)
   s.queue.reclaim(0, worker=1)
-  assert _join(s, 1)[0] == GUEST
+  assert _join(s, 1)[0] == JOINED
   s.queue.reclaim(0, worker=1)  # its new process is lost too
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0
   assert s.run(s.started).tolist() == [-1, -1, -1]
-  assert _join(s, 1, token=12)[0] == GUEST  # a third process joins
+  assert _join(s, 1, token=12)[0] == JOINED  # a third process joins
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 1
 
 

@@ -3,27 +3,26 @@
 RunStartHook finds that an earlier process of this worker joined the running job (Kubernetes
 relaunched it after it died). In an elastic job the chief goes on without that process and
 fences its slot once it finds it lost (hooks.elastic.lost_workers); the new process then joins
-at the running epoch, unless the chief arrives for it at that epoch's barrier (the epoch it was
-lost in, or one the chief closed at its gather): then it joins when that epoch ends. Joined, it
-skips the start barrier, claims units of the epoch and arrives itself at its barrier. The
-queue's MembershipOps decide, inside its lock, so the chief's stand-in and the join never both
-count one epoch.
+the running epoch, also the one its earlier process was lost in: it skips the start barrier,
+claims units of the epoch, counts its batches on from the ones its earlier process trained, and
+arrives itself at the epoch's barrier. It joins when the epoch ends instead if the chief
+arrives for it there (its gather came first), or if its earlier process had arrived there
+before it died. The queue's MembershipOps decide, inside its lock, so the chief's stand-in and
+the join never both count one epoch.
 
-Synchronous training (`guest`) joins the running epoch as a guest: the next aggregation that
-hands out tokens takes it into the steps, so it trains from the next step and arrives itself
-at the epoch's end (its count goes on from its earlier process's). If the epoch's steps or its
-gather end first, the chief arrives for it there and it starts with the next epoch; so it
-does if its earlier process had arrived at the epoch's end before it died.
+Synchronous training (`guest`) joins as a guest of the steps: the next aggregation that hands
+out tokens takes it in, so it trains from the next step. If the epoch's steps end first, the
+chief arrives for it and it starts with the next epoch.
 
 Typical usage (hooks.session.wiring, on every worker but the chief with --epochsync_elastic):
   start = RunStartHook(..., rejoin=rejoin_fn(queue, barrier))
-  start = RunStartHook(..., rejoin=rejoin_fn(queue, barrier, guest=elastic_sync.guest(...)))
+  start = RunStartHook(..., rejoin=rejoin_fn(queue, barrier, guest=elastic_sync.GuestJoin(...)))
 """
 
 from typing import Any, Callable, List, Optional, Tuple
 
 from hooks import log as logging
-from hooks.workqueue.elastic_graph import GUEST, JOINED, NOT_FENCED
+from hooks.workqueue.elastic_graph import JOINED, NOT_FENCED
 from hooks.workqueue.unit_passes import UnitPasses
 
 __all__ = ["rejoin_fn"]
@@ -40,29 +39,25 @@ def rejoin_fn(queue: UnitPasses, barrier, guest: Any = None
   def rejoin(session) -> Optional[str]:
     running = barrier.start_epoch(session)
     if not joined:
-      if guest is not None and barrier.arrived_at_end(session, running):
+      if barrier.arrived_at_end(session, running):
         return (f"its earlier process arrived at the end of epoch {running} before it was "
                 "lost; it joins when that epoch ends")
-      answer, held = (queue.claims.join(session, running), 0) if guest is None else (
-          guest.join(session, running))
+      answer, held = (guest or queue.claims).join(session, running)
       if answer == NOT_FENCED:
         return (f"the chief has not found its earlier process lost yet (epoch {running}); it "
                 "does within a few seconds")
-      if answer not in (JOINED, GUEST):
-        return (f"the chief arrives for it at the end of epoch {running}, the epoch its "
-                "earlier process was lost in; it joins when that epoch ends")
+      if answer != JOINED:
+        return (f"the chief arrives for it at the end of epoch {running}; it joins when that "
+                "epoch ends")
       joined.append((running, held))
-      if guest is not None:
-        logging.info("%s joined epoch %d as a guest (its earlier process trained %d batches "
-                     "of it); the next synchronous step takes it in", queue.task_name, running,
-                     held)
-    if guest is None:
-      return None
+      logging.info("%s joined epoch %d (its earlier process trained %d batches of it)%s",
+                   queue.task_name, running, held,
+                   "; the next synchronous step takes it in" if guest else "")
     epoch, held = joined[0]
-    if guest.started(session) >= 0:  # Read first: once in the steps, the epoch goes on for it.
-      barrier.join_as_guest(epoch, held)
+    if guest is None or guest.started(session) >= 0:  # In the steps: the epoch waits for it.
+      barrier.rejoined_at(epoch, held)
       return None
-    if barrier.start_epoch(session) > epoch:  # Ended first: it starts with the next epoch.
+    if barrier.start_epoch(session) > epoch:  # Its steps ended first: it starts the next one.
       return None
     return f"it joined epoch {epoch}; it waits for the next synchronous step to take it in"
 

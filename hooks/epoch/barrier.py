@@ -112,7 +112,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                                  warn_after_secs, log_every_secs)
     self._chief_actions: List[ChiefAction] = []
     self.stand_ins = StandIns(self._run_stand_in, self.worker_names, self.task_name)
-    self._guest: Optional[Tuple[int, int]] = None  # (elastic) (epoch joined as a guest, held)
+    self._rejoined: Optional[Tuple[int, int]] = None  # (elastic) (epoch joined as a guest, held)
     self._release_wait = ReleaseWait(self.task_name, self.worker_names[0], self._waiter,
                                      liveness, self._wait, self._missing)
     epoch_input.add_listener(self)
@@ -128,11 +128,11 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     worker_id, epoch)` (hooks.epoch.stand_ins)."""
     self.stand_ins.lose(session, worker_id, epoch, batches, still_lost)
 
-  def join_as_guest(self, epoch: int, held: int) -> None:
-    """(Elastic, synchronous; a relaunched worker, hooks.elastic.rejoin) A step took it into
-    `epoch`: its count goes on from the `held` batches its earlier process trained, and its
-    arrival's examples are unknown (-1), as a stand-in's."""
-    self._guest = (epoch, held)
+  def rejoined_at(self, epoch: int, held: int) -> None:
+    """(Elastic; a relaunched worker, hooks.elastic.rejoin) It joined the running `epoch`: its
+    count goes on from the `held` batches its earlier process trained, and its arrival's
+    examples are unknown (-1), as a stand-in's."""
+    self._rejoined = (epoch, held)
 
   def arrived_at_end(self, session, epoch: int) -> bool:
     """Whether this worker (an earlier process of it) arrived at `epoch`'s end."""
@@ -162,7 +162,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     return int(session.run(self._completed, options=run_options(_RPC_TIMEOUT_SECS)))
 
   def resume_batches(self, session, epoch: int) -> Optional[int]:
-    return self._guest[1] if self._guest and self._guest[0] == epoch else None
+    return self._rejoined[1] if self._rejoined and self._rejoined[0] == epoch else None
 
   def session_created(self, session, start_epoch: int) -> None:
     if run_start.rejoined_run():  # (elastic) The job runs already: it gathers no start.

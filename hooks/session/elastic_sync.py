@@ -57,7 +57,7 @@ def wire(queue: UnitPasses, sync_hook: Any, step_timeout_secs: float
 class GuestJoin:
   """A relaunched worker's join of the running epoch, for hooks.elastic.rejoin (a guest).
 
-  `join` can run again after its answer was lost: the same process's token answers GUEST again.
+  `join` can run again after its answer was lost: the same process's token answers JOINED again.
   """
 
   def __init__(self, sync_hook: Any, worker_id: int):
@@ -66,7 +66,7 @@ class GuestJoin:
     self._started = self._opt.sync_ops.guest.started[worker_id]  # built before the session
 
   def join(self, session, epoch: int) -> Tuple[int, int]:
-    """(GUEST, NOT_FENCED or CLOSED; its earlier process's batches of `epoch`)."""
+    """(JOINED, NOT_FENCED or CLOSED; its earlier process's batches of `epoch`)."""
     ops = self._opt.sync_ops.guest
     feeds = {ops.worker: self._worker, ops.epoch: epoch, ops.token: self._token}
     answer, held = step_retry.run_rerunnable(

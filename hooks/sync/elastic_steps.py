@@ -53,7 +53,7 @@ IDLE_ROUND = -3  # What an aggregation of IDLE markers alone returns: nothing wa
 @dataclasses.dataclass(frozen=True)
 class GuestOps:
   """A relaunched worker's join of the running epoch (hooks.elastic.rejoin): `join` (feeds
-  `worker`, `epoch`, `token`) answers [elastic_graph's GUEST, NOT_FENCED or CLOSED; the batches
+  `worker`, `epoch`, `token`) answers [elastic_graph's JOINED, NOT_FENCED or CLOSED; the batches
   of `epoch` its earlier process trained]; `started[worker]`: the step of its first marker once
   an aggregation took it into the steps, -1 before (and from the next epoch's start on); the
   step then waits for its marker, so it reads its first step from the step, as every worker.
@@ -175,11 +175,11 @@ class ElasticSteps:
     was_fenced = elastic_graph.fenced(self._queue, self._n)[worker]
     allowed = tf.not_equal(self._joining[worker], _stood_in(epoch))
     with tf.control_dependencies([self._send_owed(worker), was_fenced, allowed]):
-      answer, held = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed)
-    joined = tf.logical_and(was_fenced, tf.equal(answer, elastic_graph.GUEST))
+      answer = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed)
+    joined = tf.logical_and(was_fenced, tf.equal(answer[0], elastic_graph.JOINED))
     with tf.control_dependencies([self._joining.scatter_nd_update([[worker]], tf.reshape(
         tf.where(joined, epoch, self._joining[worker]), [1]))]):
-      return tf.stack([answer, held])
+      return tf.identity(answer)
 
   def _owe(self, owing: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) `owing` workers owe a marker at `step`; the fenced ones get theirs."""

@@ -75,13 +75,15 @@ class UnitClaims:
           "relaunch this worker once more: a relaunched worker rejoins the running job",
           self.task_name)
 
-  def join(self, session, epoch: int) -> int:
-    """(Elastic) This relaunched worker's join of the running job at `epoch`: JOINED, or
-    NOT_FENCED / CLOSED (try again later; hooks.workqueue.elastic_graph.MembershipOps)."""
+  def join(self, session, epoch: int) -> Tuple[int, int]:
+    """(Elastic) This relaunched worker's join of the running job at `epoch`: (JOINED, or
+    NOT_FENCED / CLOSED: try again later; the batches of `epoch` its earlier process trained)
+    (hooks.workqueue.elastic_graph.MembershipOps)."""
     ops = self.ops.membership
-    return int(session.run(ops.join, {ops.epoch: epoch, ops.worker: self._worker,
-                                      ops.token: self._token},
-                           options=run_options(self._attempt)))
+    answer, held = session.run(ops.join, {ops.epoch: epoch, ops.worker: self._worker,
+                                          ops.token: self._token},
+                               options=run_options(self._attempt))
+    return int(answer), int(held)
 
   def claim(self, session, epoch: int, at_batch: int,
             finished: Optional[Tuple[int, int, int]] = None, wanted: int = ANY) -> Claim:

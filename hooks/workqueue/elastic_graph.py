@@ -5,21 +5,21 @@ All run inside the queue's lock, beside its claims (hooks.workqueue.queue_graph)
     batch as the worker's (`gated`), or fails the step of a fenced worker;
   - the chief's reclaim of a lost worker: fences it and puts its unit in flight back at the
     head of the queue after the batches of it that passed the worker's gate;
-  - the membership: a relaunched worker's join, against the chief's check at each gather of
-    whether it still arrives for the worker (`closed`): never both for one epoch.
+  - the membership: a relaunched worker's join of the running epoch (its count goes on from its
+    earlier process's), against the chief's check at each gather of whether it still arrives
+    for the worker (`closed`): never both for one epoch.
 So a batch counts in the model exactly when it passed the gate, whether its worker froze
 before or after, and a woken or relaunched process never trains a batch twice.
 
 Typical usage (queue_graph.build does it with elastic=True; the input adds the gate):
   gated, closed, joined_by, accepted = (per_worker(name, init) for name, init in VARIABLES)
-  reclaim = reclaim_ops(lock, state, gated, closed, layout)
+  reclaim = reclaim_ops(lock, state, gated, layout)
   gate_op = gate(queue_ops, worker_id=1, after=take_batch_op)
 """
 
 import dataclasses
 import functools
 import weakref
-from typing import Tuple
 
 import tensorflow as tf
 
@@ -28,10 +28,9 @@ from hooks.errors import FENCED_MARK
 from hooks.workqueue.layout import MAX_WORKERS, Layout
 from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 
-__all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "GUEST", "VARIABLES",
-           "per_worker", "gate", "admit", "guest_join", "still_lost", "refuse_fenced", "fenced", "close_fenced", "register",
-           "registered",
-           "reclaim_ops", "membership_ops"]
+__all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "VARIABLES",
+           "per_worker", "gate", "admit", "guest_join", "still_lost", "refuse_fenced", "fenced",
+           "close_fenced", "register", "registered", "reclaim_ops", "membership_ops"]
 
 _v1 = tf.compat.v1
 # The per-worker vectors of an elastic queue (name, initial value).
@@ -43,16 +42,18 @@ VARIABLES = (("epochsync/workqueue/gated", 0), ("epochsync/workqueue/closed", -1
 class MembershipOps:
   """(Elastic) Who arrives at an epoch's barrier for a lost worker, decided in the queue's lock.
 
-  `closed`: per worker, the last epoch the chief arrives for it (a stand-in; -1 none): the
-  epoch it was lost in and every epoch it is still fenced at the gather. `join` (a relaunched
-  worker, at `epoch`): JOINED lifts its fence if the chief arrives for it at no barrier from
-  `epoch` on, and it arrives itself from then on; NOT_FENCED: the chief has not found its
-  earlier process lost yet; CLOSED: `epoch`'s barrier is the chief's (wait for a later one).
-  `token` (the joining process's, random): a join run again after its answer was lost answers
-  JOINED again.
+  `closed`: per worker, the last epoch the chief arrives for it (a stand-in; -1 none): every
+  epoch it is still fenced at the gather. `join` (a relaunched worker, at the running `epoch`):
+  [JOINED, NOT_FENCED or CLOSED; its earlier process's batches of `epoch` in the model]. JOINED
+  lifts its fence if the chief arrives for it at no barrier from `epoch` on: it claims units of
+  `epoch` at once, its count going on from the batches its earlier process trained, and
+  arrives itself; NOT_FENCED: the chief has not found its earlier process lost yet; CLOSED:
+  `epoch`'s barrier is the chief's (wait for a later one). `token` (the joining process's,
+  random): a join run again after its answer was lost answers JOINED again.
   `still_lost` (the chief, at `epoch`'s barrier): [1 if the chief arrives for the worker (it
-  is still fenced: the epoch closes to its join; or it joined it as a guest, guest_join), else
-  0; its batches of `epoch` in the model, which the chief's arrival carries]."""
+  is still fenced: the epoch closes to its join; or a synchronous guest no step took in,
+  guest_join), else 0; its batches of `epoch` in the model, which the chief's arrival
+  carries]."""
   epoch: tf.Tensor
   worker: tf.Tensor
   token: tf.Tensor
@@ -60,7 +61,7 @@ class MembershipOps:
   still_lost: tf.Tensor
 
 
-JOINED, NOT_FENCED, CLOSED, GUEST = 1, 0, 2, 3
+JOINED, NOT_FENCED, CLOSED = 1, 0, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,11 +147,9 @@ def refuse_fenced(passed: tf.Tensor, worker_id: int) -> tf.Operation:
       f"{FENCED_MARK}: worker id {worker_id}, found lost by the chief")], name="fence")
 
 
-def reclaim_ops(lock: tf.CriticalSection, state, gated, closed,
-                 layout: Layout) -> ReclaimOps:
+def reclaim_ops(lock: tf.CriticalSection, state, gated, layout: Layout) -> ReclaimOps:
   feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name) for name in ("epoch", "worker")}
-  result = execute_unrecorded(lock, functools.partial(_reclaim, state, gated, closed, feeds,
-                                                       layout))
+  result = execute_unrecorded(lock, functools.partial(_reclaim, state, gated, feeds, layout))
   return ReclaimOps(result=result, **feeds)
 
 
@@ -165,53 +164,45 @@ def membership_ops(lock: tf.CriticalSection, state, vectors,
 
 
 def guest_join(ops, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor,
-               allowed: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-  """(Inside the queue's lock; a synchronous job, hooks.sync.elastic_steps) A relaunched
-  worker's join of the running `epoch` as a guest: GUEST (the fence lifted; its claims start in
-  `epoch`, its gated count goes on from its earlier process's; `epoch` stays closed, the chief
-  arriving for it, until a step takes it in and opens it), NOT_FENCED or CLOSED (a later
-  epoch is the chief's).
-  Returns (the answer, its earlier process's batches of `epoch` in the model); CLOSED unless
-  `allowed` (the chief already arrived for it at `epoch`'s end)."""
+               allowed: tf.Tensor) -> tf.Tensor:
+  """(Inside the queue's lock; a synchronous job, hooks.sync.elastic_steps) MembershipOps.join
+  for a guest of the steps: it may join `epoch` while the chief would still arrive for it there
+  (closed up to `epoch`, and `allowed`: no gather stood in for it yet); `epoch` then stays
+  closed, the chief arriving for it, until a step takes it in and opens it."""
   vectors = (ops.gated, ops.closed, ops.joined_by)
   feeds = {"worker": worker, "epoch": epoch, "token": token}
-  return _join(ops.state_variable, vectors, feeds, ops.layout, guest=allowed)
+  return _join(ops.state_variable, vectors, feeds, ops.layout, steps_allow=allowed)
 
 
-def _join(state, vectors, feeds, layout: Layout, guest: "tf.Tensor | None" = None):
-  """The join's graph (inside the lock): JOINED (the fence lifted, the worker's claims and gated
-  count start at `epoch`; or this token's join already did), NOT_FENCED or CLOSED (nothing
-  changes). With `guest` (whether it may join): (GUEST instead of JOINED, the batches held)
-  as guest_join says."""
+def _join(state, vectors, feeds, layout: Layout, steps_allow: "tf.Tensor | None" = None
+          ) -> tf.Tensor:
+  """The join's graph (inside the lock): [JOINED (the fence lifted, the worker's claims start
+  at `epoch`, its gated count goes on from its earlier process's; or this token's join already
+  did), NOT_FENCED or CLOSED (nothing changes); its earlier process's batches of `epoch`]. A
+  synchronous guest (`steps_allow`) as guest_join says."""
   gated, closed, joined_by = vectors
   parts = layout.parts(state.read_value())
   worker, epoch = feeds["worker"], feeds["epoch"]
   fenced = parts["claims"][worker] <= FENCE_MARK
   again = tf.logical_and(tf.logical_not(fenced), tf.equal(joined_by[worker], feeds["token"]))
-  open_ = tf.logical_and(
-      tf.logical_and(closed[worker] <= epoch, guest) if guest is not None else
-      closed[worker] < epoch, parts["epoch"] <= epoch)
+  open_ = tf.logical_and(closed[worker] < epoch if steps_allow is None else tf.logical_and(
+      closed[worker] <= epoch, steps_allow), parts["epoch"] <= epoch)
   joins = tf.logical_and(fenced, open_)
   written = dict(parts)
   written["claims"] = put(parts["claims"], worker, tf.constant(0, tf.int64), joins)
   written["last"] = put(parts["last"], worker, tf.constant(-1, tf.int64), joins)
   header, fields = layout.join(written)
-  held = _batches_in(gated[worker], epoch)
-  count = gated[worker] if guest is not None else tf.where(
-      joins, epoch * graph_keys.EPOCH_SHIFT, gated[worker])
   token = tf.where(joins, feeds["token"], joined_by[worker])
-  last = (tf.where(joins, tf.maximum(closed[worker], epoch), closed[worker])
-          if guest is not None else closed[worker])
   writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),
-            gated.scatter_nd_update([[worker]], tf.reshape(count, [1])),
-            joined_by.scatter_nd_update([[worker]], tf.reshape(token, [1])),
-            closed.scatter_nd_update([[worker]], tf.reshape(last, [1]))]
+            joined_by.scatter_nd_update([[worker]], tf.reshape(token, [1]))]
+  if steps_allow is not None:  # The chief arrives for it until a step takes it in.
+    writes.append(closed.scatter_nd_update([[worker]], tf.reshape(
+        tf.where(joins, tf.maximum(closed[worker], epoch), closed[worker]), [1])))
   with tf.control_dependencies(writes):
-    answer = tf.where(tf.logical_or(joins, again),
-                      tf.constant(JOINED if guest is None else GUEST, tf.int64),
+    answer = tf.where(tf.logical_or(joins, again), tf.constant(JOINED, tf.int64),
                       tf.where(fenced, tf.constant(CLOSED, tf.int64),
                                tf.constant(NOT_FENCED, tf.int64)))
-    return answer if guest is None else (answer, tf.identity(held))
+    return tf.stack([answer, _batches_in(gated[worker], epoch)])
 
 
 def _batches_in(count: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
@@ -240,7 +231,7 @@ def _still_lost(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
                      _batches_in(gated[worker], epoch)])
 
 
-def _reclaim(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
+def _reclaim(state, gated, feeds, layout: Layout) -> tf.Tensor:
   """The reclaim's graph (inside the lock): fence the worker; its unit in flight, if any, goes
   to position next - 1 (the head of what is left) with next one less, its skip the batches of
   it that passed the worker's gate. Run twice, the second finds nothing in flight: it changes
@@ -272,9 +263,8 @@ def _reclaim(state, gated, closed, feeds, layout: Layout) -> tf.Tensor:
   header, fields = layout.join(written)
   old_skip = tf.gather(parts["skip"], safe)
   none = tf.constant(-1, tf.int64), tf.constant(0, tf.int64), tf.constant(0, tf.int64)
-  writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0)),  # the epoch is the chief's
-            closed.scatter_nd_update([[worker]], tf.reshape(tf.maximum(closed[worker],
-                                                                       feeds["epoch"]), [1]))]
-  with tf.control_dependencies(writes):
+  # The epoch is not closed here: a relaunched process may join it (its count goes on from
+  # this one's) until the chief's gather arrives for the worker (`_still_lost`).
+  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
     return tf.stack([tf.where(back, a, b) for a, b in zip((unit, skip, old_skip), none)] +
                     [held])

@@ -115,7 +115,7 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     vector = state.read_value()
     new_vector = _v1.placeholder(tf.int64, [layout.size], "new_state")
     assign = execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
-    reclaim = elastic_graph.reclaim_ops(lock, state, gated, closed, layout) if elastic else None
+    reclaim = elastic_graph.reclaim_ops(lock, state, gated, layout) if elastic else None
     membership = (elastic_graph.membership_ops(lock, state, (gated, closed, joined_by), layout)
                   if elastic else None)
     # A new run (a relaunched job) brings every worker back: the chief's reset at the run's
