@@ -24,6 +24,25 @@ def wait_for(path: str, pattern: str, deadline: float, after: int = 0) -> int:
   raise AssertionError(f"{pattern!r} never appeared in {path}")
 
 
+def assert_rejoined(audit: List[dict], relaunched_log: str, name: str = "worker:1"
+                    ) -> Tuple[int, bool]:
+  """A relaunched `name` joined epoch N (its log says so): the chief arrived for it at every
+  epoch before N; at N's gather it was found rejoined (it arrived itself), unless a synchronous
+  guest's steps ended first (then at N + 1's); from then on it is a member. Returns (N, whether
+  it arrived itself at N's end)."""
+  joined = re.search(re.escape(name) + r" joined epoch (\d+) ", relaunched_log)
+  assert joined, relaunched_log[-3000:]
+  epoch = int(joined.group(1))
+  arrived = "lost_workers" not in audit[epoch]
+  back = epoch if arrived else epoch + 1
+  for line in audit:
+    lost, rejoined = line.get("lost_workers", []), line.get("rejoined_workers", [])
+    expected = ([name], []) if line["epoch"] < back else (
+        ([], [name]) if line["epoch"] == back else ([], []))
+    assert (lost, rejoined) == expected, (epoch, back, line)
+  return epoch, arrived
+
+
 def kill_inside_a_unit(cluster, log_path: str, units: Sequence[int], deadline: float,
                        sig: int = signal.SIGKILL, victim: str = "worker:1",
                        inside_secs: float = 1.0, min_batches: int = 4) -> Tuple[int, float]:

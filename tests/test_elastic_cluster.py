@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster, run_cluster
-from elastic_checks import kill_inside_a_unit, wait_for
+from elastic_checks import assert_rejoined, kill_inside_a_unit, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -124,8 +124,9 @@ def test_a_frozen_worker_is_fenced_and_when_it_wakes_it_trains_nothing_twice(tmp
 def test_a_killed_worker_relaunched_rejoins_the_running_job_and_every_unit_is_trained_once(
     tmp_path):
   """worker:1 is SIGKILLed inside a unit of epoch 0 and relaunched at once (as Kubernetes'
-  OnFailure does): the new process rejoins at an epoch whose barrier the chief has not arrived
-  at for it, trains units there and exits 0 with the others."""
+  OnFailure does): the new process joins the running epoch (epoch 0 itself, if the chief's
+  gather has not arrived for it there), its count going on from its earlier process's, trains
+  units and exits 0 with the others."""
   model_dir, logs = str(tmp_path / "model"), str(tmp_path / "logs")
   epochs = 6
   command = TASK + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
@@ -148,19 +149,20 @@ def test_a_killed_worker_relaunched_rejoins_the_running_job_and_every_unit_is_tr
   assert "worker:1 rejoined the running job" in relaunched, relaunched[-3000:]
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == list(range(epochs))
-  assert audit[0]["lost_workers"] == ["worker:1"]
+  joined, arrived = assert_rejoined(audit, relaunched)
+  assert arrived  # asynchronous: it arrives itself at the end of the epoch it joined
+  assert any("taken_back" in u for u in audit[0]["units"]), audit[0]  # the death, recorded
   for line in audit:  # every unit once, whole, in every epoch, whoever trained it
     units = line["units"]
     assert sorted(u["index"] for u in units) == list(range(len(UNITS))), units
     for u in units:
       assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
-  back = [line["epoch"] for line in audit if "lost_workers" not in line]
-  assert back and back == list(range(back[0], epochs)), audit  # a member again, to the end
   assert all(any(u["worker"] == "worker:1" for u in line["units"])
-             for line in audit[back[0]:]), [line["units"] for line in audit]
+             for line in audit[joined + 1:]), [line["units"] for line in audit]
   step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
   assert epochs * sum(UNITS) - 1 <= step <= epochs * sum(UNITS), step
-  print(f"worker:1 lost in epoch 0, a member again from epoch {back[0]} of {epochs}")
+  print(f"worker:1 lost in epoch 0, joined epoch {joined} (it arrived itself there), a "
+        f"member to epoch {epochs - 1}")
 
 
 @pytest.mark.estimator

@@ -119,7 +119,9 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
     assert sorted(u["index"] for u in line["units"]) == list(range(len(units))), line
     for u in line["units"]:
       assert u["batches"] == units[u["index"]] and u["examples"] == units[u["index"]] * batch, u
-  assert set(audit[0].get("lost_workers", [])) == set(victims), audit[0]
+  # Lost in epoch 0: the chief arrived for it, or a relaunched process joined epoch 0 itself.
+  found = audit[0].get("lost_workers", []) + audit[0].get("rejoined_workers", [])
+  assert sorted(found) == sorted(victims), audit[0]
   if fault in ("relaunched", "twice"):
     assert "lost_workers" not in audit[-1], audit[-1]  # a member again at the end
   if sync:

@@ -194,9 +194,10 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
       fields = {} if fold else self._run_chief_actions(session, wait, arrivals)
       if not fold:
         _, step = _run(session, self._release, self._release_feed(seq))
-      lost = self.stand_ins.names
-      if lost:
-        fields["lost_workers"] = lost
+      for key, names in (("lost_workers", self.stand_ins.names),
+                         ("rejoined_workers", self.stand_ins.rejoined)):
+        if names:  # (elastic) arrived for by the chief; lost before, arrived themselves
+          fields[key] = names
       if self._audit and barrier == "epoch_end":
         self._audit.write(stats.epoch, arrivals, time.time(), fields,
                           None if step < 0 else int(step))

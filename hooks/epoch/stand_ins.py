@@ -46,6 +46,7 @@ class StandIns:
     # worker id -> (epoch, batches in the model, still_lost or None)
     self._lost: Dict[int, Tuple[int, int, Optional[StillLost]]] = {}
     self._gathering: Optional[Wait] = None
+    self._rejoined: List[str] = []  # found rejoined at the last gather
     self._lock = threading.Lock()
 
   def lose(self, session, worker_id: int, epoch: int, batches: int,
@@ -65,12 +66,18 @@ class StandIns:
     with self._lock:
       return sorted(self._names[w] for w in self._lost)
 
+  @property
+  def rejoined(self) -> List[str]:
+    """The lost workers the last gather found rejoined (they arrived themselves), sorted."""
+    with self._lock:
+      return sorted(self._rejoined)
+
   @contextlib.contextmanager
   def gathering(self, session, wait: Wait) -> Iterator[None]:
     """Around the chief's gather of `wait`: arrives for every worker lost so far, and for one
     lost while it gathers."""
     with self._lock:
-      self._gathering = wait
+      self._gathering, self._rejoined = wait, []
       for worker_id in list(self._lost):
         self._arrive_for(session, worker_id, wait)
     try:
@@ -85,6 +92,7 @@ class StandIns:
       held = still_lost(session, worker_id, wait.epoch)
       if held is None:
         del self._lost[worker_id]
+        self._rejoined.append(self._names[worker_id])
         logging.info("%s rejoined the job: it arrives itself at %s of epoch %d",
                      self._names[worker_id], wait.barrier, wait.epoch)
         return
