@@ -66,7 +66,7 @@ def test_a_marker_clears_what_its_worker_owes_and_a_grad_marker_counts_its_batch
   s.run(s.done)
   s.run(s.idle)
   assert s.markers_sent() == [(1, GRAD, 5), (2, DONE, 5), (0, IDLE, 5)]
-  assert s.run(s.owed).tolist() == [-1, -1, -1]
+  assert s.run(s.owed).tolist() == [-2, -2, -1]  # in a round not aggregated yet; done
   gated = s.run(s.queue.ops.gated)[:WORKERS] % 2**32
   assert gated.tolist() == [0, 1, 0]  # only the GRAD marker is a batch
 
@@ -111,6 +111,7 @@ def test_a_guest_joins_the_running_epoch_and_the_next_round_that_goes_on_takes_i
   s.run(s.grad[1])  # worker 1's batch of step 5 is in (gated 1), then it dies
   s.markers_sent()
   s.queue.reclaim(0, worker=1)
+  assert _join(s, 1) == [CLOSED, 1]  # its marker's round is not over: not yet
   s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 6})  # it got a token: DONE sent for it
   assert s.markers_sent() == [(1, DONE, 6)]
   assert _join(s, 2) == [NOT_FENCED, 0]  # worker 2's process is not lost
@@ -141,6 +142,7 @@ def test_the_chiefs_gather_stands_in_for_a_guest_no_step_took_in_and_cancels_its
     s.queue.claim(0, worker=w, seq=0)
   s.run(s.grad[1])
   s.queue.reclaim(0, worker=1)
+  s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 6})  # its round: DONE sent for it
   assert _join(s, 1) == [JOINED, 1]
   assert _gather_check(s, 0, worker=1) == (True, 1)  # the chief arrives for it, with its batch
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0  # too late to take it in

@@ -47,8 +47,8 @@ def rejoin_fn(queue: UnitPasses, barrier, guest: Any = None
         return (f"the chief has not found its earlier process lost yet (epoch {running}); it "
                 "does within a few seconds")
       if answer != JOINED:
-        return (f"the chief arrives for it at the end of epoch {running}; it joins when that "
-                "epoch ends")
+        return (f"it cannot join epoch {running} now (the chief arrives for it at its end, or "
+                "its earlier process's last step is still being aggregated); it tries again")
       joined.append((running, held))
       logging.info("%s joined epoch %d (its earlier process trained %d batches of it)%s",
                    queue.task_name, running, held,

@@ -8,8 +8,8 @@ gradient queues (hooks.sync.gradient_queues: the chief takes only the step's sen
     in the model exactly when its marker passed. The chief's reclaim puts a lost worker's unit
     back after those batches, in the same lock: nothing is trained twice or lost;
   - **owed markers**: per worker, the step of the marker the aggregation waits for from it (-1:
-    none). Each marker clears it; the aggregation sets it for every worker it hands a token;
-    an epoch's start sets it for all. The chief sends a lost worker's owed marker as DONE (its
+    none; _IN_ROUND: its marker is in a round not aggregated yet). Each marker clears it; the
+    aggregation sets it for every worker it hands a token; an epoch's start sets it for all. The chief sends a lost worker's owed marker as DONE (its
     `lost_marker`), or the aggregation does for a fenced sender, or the epoch's start for a
     fenced worker: exactly one of the three, all inside the lock, so the step never waits for a
     lost worker and never counts one twice;
@@ -28,7 +28,7 @@ Typical usage (WorkerDoneSyncReplicasOptimizer.apply_gradients, with an elastic 
   steps = ElasticSteps(hooks.workqueue.elastic_graph.registered(), state, step, n_workers)
   marker = steps.marker(wid, GRAD, local_step, after=gradient_enqueues)
   joined = steps.after_tokens(receivers, token, applied)   # inside the aggregation: guests
-  answer, held = session.run(steps.join, {steps.join_feeds.worker: 1, ...})  # a relaunch
+  answer, held = session.run(steps.guest.join, {steps.guest.worker: 1, ...})  # a relaunch
 """
 
 import dataclasses
@@ -65,6 +65,9 @@ class GuestOps:
   join: tf.Tensor
   started: tf.Variable
   membership: Any
+
+
+_IN_ROUND = -2  # An `owed` value: its GRAD or IDLE marker passed, its round is not over.
 
 
 def _stood_in(epoch: tf.Tensor) -> tf.Tensor:
@@ -124,8 +127,9 @@ class ElasticSteps:
     n = tf.cast(passed, tf.int32)
     enqueued = self._markers.enqueue_many((tf.fill([n], wid), tf.fill([n], kind),
                                            tf.fill([n], sent)))
-    cleared = self.owed.scatter_nd_update([[wid]], tf.reshape(
-        tf.where(passed, tf.constant(-1, tf.int64), self.owed[wid]), [1]))
+    # A GRAD or IDLE sender owes nothing until its round's aggregation: _IN_ROUND till then.
+    cleared = self.owed.scatter_nd_update([[wid]], tf.reshape(tf.where(
+        passed, tf.constant(-1 if kind == DONE else _IN_ROUND, tf.int64), self.owed[wid]), [1]))
     with tf.control_dependencies([enqueued, cleared]):
       return tf.identity(passed)
 
@@ -173,7 +177,10 @@ class ElasticSteps:
   def _join(self, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) GuestOps.join: the earlier process's owed marker goes first."""
     was_fenced = elastic_graph.fenced(self._queue, self._n)[worker]
-    allowed = tf.not_equal(self._joining[worker], _stood_in(epoch))
+    # Not while its earlier process's last marker waits for its round (that round would hand
+    # the worker a token and owe its next marker: the guest would be in the steps twice).
+    allowed = tf.logical_and(tf.not_equal(self._joining[worker], _stood_in(epoch)),
+                             tf.not_equal(self.owed[worker], _IN_ROUND))
     with tf.control_dependencies([self._send_owed(worker), was_fenced, allowed]):
       answer = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed)
     joined = tf.logical_and(was_fenced, tf.equal(answer[0], elastic_graph.JOINED))

@@ -142,10 +142,14 @@ def worker_ops(state: PsState, wid: int, step: tf.Variable, local: tf.Variable,
   if elastic is None:
     refresh = tf.group(local_step_init, active, name="refresh_local_step")
     return WorkerOps(train_op, local_step_init, hook_started, done_op, refresh)
-  with tf.device(dev):  # A relaunched process's first epoch: its earlier one's last token.
+  # A relaunched process's queue may hold its earlier one's last token: drained at its session's
+  # start (before any step of it: its first claim may answer WAIT and run an IDLE step) and at
+  # each epoch's start. A guest (hooks.sync.elastic_steps) reads the step too: once a round
+  # took it in, the step waits for its marker, so the step is the one it owes.
+  with tf.device(dev):
     stale = state.tokens[wid].dequeue_many(state.tokens[wid].size())
-  # A guest (hooks.sync.elastic_steps) reads the step too: once a round took it in, the step
-  # waits for its marker, so the step is the one it owes, as for every worker in the steps.
+  with tf.control_dependencies([stale]):
+    hook_started = tf.group(local.assign(step), name="hook_started_drained")
   refresh = tf.group(local_step_init, active, stale, name="refresh_local_step")
   # No batch now (its claim waits): it stays in the steps without one.
   with tf.control_dependencies([elastic.marker(wid, IDLE, local)]), tf.device(dev):
