@@ -10,7 +10,7 @@ worker whose server is gone or restarted is lost, and so is one that answered no
      worker's gate (each step's batch passes it, in the same critical section, before it
      reaches the model); the next claim, by any worker, resumes the unit there. Run twice, the
      second run changes nothing;
-  2. arrives for it at every barrier from now on (EpochBarrierHook.lose) until it rejoins: a
+  2. arrives for it at every barrier from now on (the barrier's stand_ins) until it rejoins: a
      relaunched process with its task index joins at an epoch whose barrier the chief has not
      arrived at for it (hooks.epoch.run_start; the queue's MembershipOps decide, inside its
      lock); the chief then probes the new process as it did the old;
@@ -144,7 +144,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
       taken[unit] = (worker_id, earlier + skip - old_skip)
     if self._on_lost is not None:  # (synchronous) the marker the fenced worker owes
       self._on_lost(session, worker_id)
-    self._barrier.lose(session, worker_id, epoch, held, self._still_lost)
+    self._barrier.stand_ins.lose(session, worker_id, epoch, held, self._still_lost)
     left = len(self._names) - 1 - len(self._lost)
     what = (f"its unit {unit} ({self._queue.units[unit]}) goes back to the queue after the "
             f"{skip} batches of it the model holds" if unit >= 0 else "it held no unit")

@@ -39,7 +39,7 @@ def rejoin_fn(queue: UnitPasses, barrier, guest: Any = None
   def rejoin(session) -> Optional[str]:
     running = barrier.start_epoch(session)
     if not joined:
-      if barrier.arrived_at_end(session, running):
+      if barrier.release_wait.arrived_at_end(session, running):
         return (f"its earlier process arrived at the end of epoch {running} before it was "
                 "lost; it joins when that epoch ends")
       answer, held = (guest or queue.claims).join(session, running)
@@ -55,7 +55,7 @@ def rejoin_fn(queue: UnitPasses, barrier, guest: Any = None
                    "; the next synchronous step takes it in" if guest else "")
     epoch, held = joined[0]
     if guest is None or guest.started(session) >= 0:  # In the steps: the epoch waits for it.
-      barrier.rejoined_at(epoch, held)
+      barrier.release_wait.rejoined_at(epoch, held)
       return None
     if barrier.start_epoch(session) > epoch:  # Its steps ended first: it starts the next one.
       return None

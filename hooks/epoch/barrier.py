@@ -32,7 +32,7 @@ from hooks import log as logging
 from hooks.config.cluster import worker_problems
 from hooks.epoch.barrier_release import ABORT, ReleaseWait, result_of
 from hooks.epoch.barrier_wait import BarrierWaiter, Wait, timing_problems
-from hooks.epoch.stand_ins import StandIns, StillLost
+from hooks.epoch.stand_ins import StandIns
 from hooks.faults.heartbeat import Heartbeat
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError
@@ -111,33 +111,16 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     self._waiter = BarrierWaiter(self.worker_names, worker_id, self._heartbeat, liveness,
                                  warn_after_secs, log_every_secs)
     self._chief_actions: List[ChiefAction] = []
+    # (Elastic) The chief's arrivals for lost workers (hooks.elastic: stand_ins.lose), and a
+    # relaunched worker's arrivals in the running job (hooks.elastic.rejoin: release_wait).
     self.stand_ins = StandIns(self._run_stand_in, self.worker_names, self.task_name)
-    self._rejoined: Optional[Tuple[int, int]] = None  # (elastic) (epoch joined as a guest, held)
-    self._release_wait = ReleaseWait(self.task_name, self.worker_names[0], self._waiter,
+    self.release_wait = ReleaseWait(self.task_name, self.worker_names[0], self._waiter,
                                      liveness, self._wait, self._missing)
     epoch_input.add_listener(self)
 
   def add_chief_action(self, action: ChiefAction) -> None:
     """Runs `action` on the chief after all workers arrived at an epoch's end, before release."""
     self._chief_actions.append(action)
-
-  def lose(self, session, worker_id: int, epoch: int, batches: int,
-           still_lost: Optional[StillLost] = None) -> None:
-    """(Elastic, the chief.) Worker `worker_id` is lost in `epoch` with `batches` of it in the
-    model: from now on the chief arrives for it at every barrier while `still_lost(session,
-    worker_id, epoch)` (hooks.epoch.stand_ins)."""
-    self.stand_ins.lose(session, worker_id, epoch, batches, still_lost)
-
-  def rejoined_at(self, epoch: int, held: int) -> None:
-    """(Elastic; a relaunched worker, hooks.elastic.rejoin) It joined the running `epoch`: its
-    count goes on from the `held` batches its earlier process trained, and its arrival's
-    examples are unknown (-1), as a stand-in's."""
-    self._rejoined = (epoch, held)
-
-  def arrived_at_end(self, session, epoch: int) -> bool:
-    """Whether this worker (an earlier process of it) arrived at `epoch`'s end."""
-    arrived = session.run(self._arrived, options=run_options(_RPC_TIMEOUT_SECS))
-    return int(arrived[self.worker_id]) >= 2 * epoch + 1
 
   def _run_stand_in(self, session, worker_id: int, batches: int, seq: int) -> bool:
     return bool(_run(session, self._stand_in, {self._stand_in_worker: worker_id,
@@ -162,7 +145,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
     return int(session.run(self._completed, options=run_options(_RPC_TIMEOUT_SECS)))
 
   def resume_batches(self, session, epoch: int) -> Optional[int]:
-    return self._rejoined[1] if self._rejoined and self._rejoined[0] == epoch else None
+    return self.release_wait.batches_before(epoch)
 
   def session_created(self, session, start_epoch: int) -> None:
     if run_start.rejoined_run():  # (elastic) The job runs already: it gathers no start.
@@ -269,9 +252,9 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
 
   def _arrive_and_wait_for_release(self, session, wait: Wait, stats: EpochStats) -> None:
     """A worker: one run enqueues its arrival (never blocks) and dequeues its release."""
-    guest = self.resume_batches(session, stats.epoch) is not None  # examples: some unknown
-    self._release_wait.arrive(session, wait, self._arrive_and_wait, {
-        self._seq: wait.seq, self._stats: [stats.batches, -1 if guest else stats.examples],
+    rejoined = self.release_wait.batches_before(stats.epoch) is not None  # examples: unknown
+    self.release_wait.arrive(session, wait, self._arrive_and_wait, {
+        self._seq: wait.seq, self._stats: [stats.batches, -1 if rejoined else stats.examples],
         self._times: [stats.started_at, stats.ended_at]}, self._next_release)
 
   def _wait(self, session, call: BackgroundRun, wait: Wait) -> bool:

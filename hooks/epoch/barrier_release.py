@@ -4,14 +4,15 @@ One run enqueues the worker's arrival (never blocks) and dequeues its own releas
 of its own (`hooks.faults.waiting.BackgroundRun`) while the waiting task logs who is missing
 and enforces the barrier's deadline (hooks.epoch.barrier_wait). An elastic worker that
 rejoined passes over the releases of the barriers the chief arrived at for it while it was
-lost (hooks.epoch.stand_ins).
+lost (hooks.epoch.stand_ins), and counts its first epoch on from its earlier process's batches
+(`rejoined_at`, hooks.elastic.rejoin).
 
 Typical usage (EpochBarrierHook, on every worker but the chief):
   release = ReleaseWait("worker:1", "worker:0", waiter, liveness, wait_fn, missing_fn)
   release.arrive(session, wait, arrive_and_wait_op, feed_dict, next_release_op)
 """
 
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -43,6 +44,23 @@ class ReleaseWait:
                missing_fn: Callable[[object, int], Optional[List[str]]]):
     self._task, self._chief, self._waiter, self._liveness = task_name, chief, waiter, liveness
     self._wait, self._missing = wait_fn, missing_fn
+    self._rejoined: Optional[Tuple[int, int]] = None  # (the epoch it joined, the batches held)
+
+  def rejoined_at(self, epoch: int, held: int) -> None:
+    """(Elastic; a relaunched worker) It joined the running `epoch`: its count goes on from the
+    `held` batches its earlier process trained, and its arrival's examples are unknown (-1),
+    as a stand-in's."""
+    self._rejoined = (epoch, held)
+
+  def batches_before(self, epoch: int) -> Optional[int]:
+    """The batches of `epoch` its earlier process trained, if it rejoined at `epoch`."""
+    return self._rejoined[1] if self._rejoined and self._rejoined[0] == epoch else None
+
+  def arrived_at_end(self, session, epoch: int) -> bool:
+    """Whether this worker (an earlier process of it) arrived at `epoch`'s end (True if the ps
+    did not answer: the caller asks again)."""
+    missing = self._missing(session, 2 * epoch + 1)
+    return missing is None or self._task not in missing
 
   def arrive(self, session, wait: Wait, arrive_and_wait, feed_dict, next_release) -> None:
     """One run enqueues the arrival and dequeues the release; returns once released."""
