@@ -37,8 +37,8 @@ def rejoin_fn(queue: UnitPasses, barrier, guest: Any = None
   joined: List[Tuple[int, int]] = []  # (the epoch it joined, its earlier process's batches)
 
   def rejoin(session) -> Optional[str]:
-    running = barrier.start_epoch(session)
     if not joined:
+      running = barrier.start_epoch(session)
       if barrier.release_wait.arrived_at_end(session, running):
         return (f"its earlier process arrived at the end of epoch {running} before it was "
                 "lost; it joins when that epoch ends")

@@ -8,8 +8,9 @@ once. Stand-ins run one at a time under a lock: the op's read of `arrived` and i
 two ops, and only the lock keeps two stand-ins for one worker from both enqueuing. Before each
 stand-in the chief asks `still_lost` (the work queue's membership, hooks.workqueue): a worker
 that rejoined (a relaunched process) arrives itself from then on, and is no longer stood in
-for; else it answers the worker's batches in the model (a synchronous guest's, which rejoined
-in the middle of the epoch, go on from its earlier process's).
+for; else it answers the worker's batches of the epoch in the model, which the stand-in
+carries (a relaunched process's count goes on from its earlier process's, so this also holds
+for one lost again in the epoch it rejoined).
 
 Typical usage (EpochBarrierHook's, on the chief):
   stand_ins = StandIns(run_stand_in, worker_names, task_name="worker:0")

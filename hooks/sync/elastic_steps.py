@@ -9,10 +9,11 @@ gradient queues (hooks.sync.gradient_queues: the chief takes only the step's sen
     back after those batches, in the same lock: nothing is trained twice or lost;
   - **owed markers**: per worker, the step of the marker the aggregation waits for from it (-1:
     none; _IN_ROUND: its marker is in a round not aggregated yet). Each marker clears it; the
-    aggregation sets it for every worker it hands a token; an epoch's start sets it for all. The chief sends a lost worker's owed marker as DONE (its
-    `lost_marker`), or the aggregation does for a fenced sender, or the epoch's start for a
-    fenced worker: exactly one of the three, all inside the lock, so the step never waits for a
-    lost worker and never counts one twice;
+    aggregation sets it for every worker it hands a token; an epoch's start sets it for all.
+    The chief sends a lost worker's owed marker as DONE (its `lost_marker`), or the
+    aggregation does for a fenced sender, or the epoch's start for a fenced worker: exactly one
+    of the three, all inside the lock, so the step never waits for a lost worker and never
+    counts one twice;
   - **IDLE markers**: a worker whose claim answers WAIT (a unit in flight may come back) sends
     an IDLE marker instead of a gradient and stays in the steps; a round of IDLE markers alone
     applies nothing and hands out tokens of the same step;
@@ -169,9 +170,9 @@ class ElasticSteps:
     answer = elastic_graph.still_lost(self._queue, worker, epoch)
     # A guest no step took in yet waits no more; none joins `epoch` after this stand-in.
     pending = tf.logical_or(tf.equal(self._joining[worker], epoch), answer[0] > 0)
-    closed = self._joining.scatter_nd_update([[worker]], tf.reshape(
+    marked = self._joining.scatter_nd_update([[worker]], tf.reshape(
         tf.where(pending, _stood_in(epoch), self._joining[worker]), [1]))
-    with tf.control_dependencies([closed]):
+    with tf.control_dependencies([marked]):
       return tf.identity(answer)
 
   def _join(self, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor) -> tf.Tensor:
