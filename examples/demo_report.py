@@ -77,9 +77,10 @@ def unit_table(audit: Sequence[dict]) -> List[str]:
 
 
 def _taken_back(unit: dict) -> str:
-  """', the first 3 from lost worker:1' for a unit taken back from a lost worker (elastic)."""
-  taken = unit.get("taken_back")
-  return f", the first {taken['batches']} from lost {taken['worker']}" if taken else ""
+  """', the first 3 from lost worker:1' for a unit taken back from a lost worker (elastic);
+  ', the first 3 from lost worker:1, then 2 from lost worker:2' for two."""
+  parts = [f"{p['batches']} from lost {p['worker']}" for p in unit.get("taken_back", ())]
+  return ", the first " + ", then ".join(parts) if parts else ""
 
 
 def _short(unit: str) -> str:

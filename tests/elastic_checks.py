@@ -67,11 +67,12 @@ def _stream(line: dict, name: str) -> List[Tuple[int, int]]:
   mine = sorted((u for u in line["units"] if u["worker"] == name),
                 key=lambda u: u["first_batch"] + u.get("resumed_after", 0))
   stream = [(u["index"], k) for u in mine for k in range(u.get("resumed_after", 0), u["batches"])]
-  for u in line["units"]:
-    taken = u.get("taken_back")
-    if taken and taken["worker"] == name:
-      resumed = u.get("resumed_after", 0)  # (0: none of it in the model, not in the line)
-      stream += [(u["index"], k) for k in range(resumed - taken["batches"], resumed)]
+  for u in line["units"]:  # The parts taken back end where the unit's finisher resumed it.
+    first = u.get("resumed_after", 0) - sum(p["batches"] for p in u.get("taken_back", ()))
+    for part in u.get("taken_back", ()):
+      if part["worker"] == name:
+        stream += [(u["index"], k) for k in range(first, first + part["batches"])]
+      first += part["batches"]
   return stream
 
 

@@ -107,7 +107,7 @@ def test_a_lost_worker_shows_as_lost_in_both_tables():
       "lost": True, "batches": 3, "examples": None, "started_at": None, "arrived_at": None,
       "barrier_wait_secs": None}}), units=[
           {"unit": "<rows>[0:72]", "worker": "worker:0", "first_batch": 0, "batches": 9,
-           "resumed_after": 3, "taken_back": {"worker": "worker:1", "batches": 3}}])
+           "resumed_after": 3, "taken_back": [{"worker": "worker:1", "batches": 3}]}])
   rows = demo.epoch_table([lost])
   assert rows[2].split() == ["0", "|", "72", "0.50", "0.25", "|", "lost", "(3", "batches)", "|",
                              "9"]

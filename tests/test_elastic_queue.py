@@ -1,14 +1,20 @@
 """The work queue's elastic side on a local session: WAIT while a unit is in flight, the chief's
 reclaim of a lost worker's unit after the batches the model holds, and the fence."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hooks import graph_keys
-from hooks.errors import FENCED_MARK, WorkerFencedError
+from hooks.data.epoch_listener import EpochStats
+from hooks.errors import FENCED_MARK, WorkerFencedError, WorkQueueError
 from hooks.workqueue import queue_graph
+from hooks.workqueue.audit import UnitAudit
 from hooks.workqueue.claims import UnitClaims
+from hooks.workqueue.unit_passes import UnitPasses
+from hooks.workqueue.units import WorkUnit
 from local_queue import LocalQueue
 
 WAIT, FENCED = queue_graph.WAIT, queue_graph.FENCED
@@ -182,3 +188,33 @@ def test_an_epoch_whose_gather_found_the_worker_still_fenced_is_closed_to_its_jo
   assert queue.still_lost(1, worker=1)  # epoch 1's gather came first: the chief arrives
   assert queue.join(1, worker=1) == queue_graph.CLOSED
   assert queue.join(2, worker=1) == queue_graph.JOINED
+
+
+def test_a_unit_two_workers_were_lost_in_is_audited_with_both_parts_in_their_order():
+  """Worker 1 is lost 2 batches into unit 1, worker 2 takes the rest and is lost 3 batches
+  later; worker 0 finishes it. The audit lists both parts and the epoch is exact."""
+  queue = LocalQueue(units=2, workers=3, elastic=True, shuffle=False)
+  units = [WorkUnit("", 0, 32), WorkUnit("", 32, 96)]  # 4 and 8 batches of 8 records
+  passes = UnitPasses(SimpleNamespace(state=queue.ops.state), None, units, "worker:0")
+  assert queue.claim(0, worker=0, seq=0) == 0
+  assert queue.claim(0, worker=1, seq=0) == 1
+  queue.pass_gate(worker=1, times=2)
+  unit, skip, old_skip, _ = queue.reclaim_result(0, worker=1)
+  passes.take_back(0, unit, 1, skip - old_skip)  # what LostWorkers records
+  assert queue.claim_and_skip(0, worker=2, seq=0) == (1, 2)
+  queue.pass_gate(worker=2, times=3)
+  unit, skip, old_skip, _ = queue.reclaim_result(0, worker=2)
+  assert (skip, old_skip) == (5, 2)
+  passes.take_back(0, unit, 2, skip - old_skip)
+  assert queue.claim_and_skip(0, worker=0, seq=1, at=4, finished=(0, 4, 32)) == (1, 5)
+  assert queue.claim(0, worker=0, seq=2, at=7, finished=(1, 8, 64)) == -1
+  def stats(batches, examples=-1):  # (-1: a lost worker's examples are unknown)
+    return EpochStats(0, batches, examples, 0.0, 0.0)
+  arrivals = {"worker:0": stats(7, 56), "worker:1": stats(2), "worker:2": stats(3)}
+  audit = UnitAudit(passes, ["worker:0", "worker:1", "worker:2"])
+  line = audit(queue.session, 0, arrivals)
+  assert line["units"][1]["taken_back"] == [{"worker": "worker:1", "batches": 2},
+                                            {"worker": "worker:2", "batches": 3}]
+  assert line["units"][1]["resumed_after"] == 5
+  with pytest.raises(WorkQueueError, match="worker:2 trained 4 batches"):
+    audit(queue.session, 0, dict(arrivals, **{"worker:2": stats(4)}))

@@ -72,8 +72,8 @@ def test_a_synchronous_job_goes_on_without_a_killed_worker_and_equals_the_oracle
   assert [line["epoch"] for line in audit] == [0, 1]
   assert all(line["lost_workers"] == ["worker:1"] for line in audit)
   lost = {u["index"]: u for u in audit[0]["units"]}[unit]
-  assert lost["taken_back"]["worker"] == "worker:1", lost
-  assert 0 < lost["taken_back"]["batches"] < UNITS[unit], lost
+  [taken] = lost["taken_back"]
+  assert taken["worker"] == "worker:1" and 0 < taken["batches"] < UNITS[unit], lost
   _assert_equals_the_oracle(tmp_path, audit, model)
 
 

@@ -138,10 +138,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     ops = self._reclaim
     unit, skip, old_skip, held = (int(x) for x in self._run(
         session, ops.result, {ops.epoch: epoch, ops.worker: worker_id}, what))
-    if unit >= 0:  # A relaunched process lost again in the unit its earlier one was: both parts.
-      taken = self._queue.taken_back.setdefault(epoch, {})
-      earlier = taken[unit][1] if taken.get(unit, (None,))[0] == worker_id else 0
-      taken[unit] = (worker_id, earlier + skip - old_skip)
+    if unit >= 0:
+      self._queue.take_back(epoch, unit, worker_id, skip - old_skip)
     if self._on_lost is not None:  # (synchronous) the marker the fenced worker owes
       self._on_lost(session, worker_id)
     self._barrier.stand_ins.lose(session, worker_id, epoch, held, self._still_lost)

@@ -59,9 +59,9 @@ class UnitAudit:
         unit["resumed_after"] = int(state["skip"][index])
       if position < resumed:  # Trained whole before the epoch's last resume.
         unit["before_resume"] = True
-      if int(index) in taken_back:  # Its first batches came from a lost worker (elastic).
-        lost, batches = taken_back[int(index)]
-        unit["taken_back"] = {"worker": worker_name(self._names, lost), "batches": batches}
+      if int(index) in taken_back:  # Its first batches came from lost workers (elastic).
+        unit["taken_back"] = [{"worker": worker_name(self._names, lost), "batches": batches}
+                              for lost, batches in taken_back[int(index)]]
       out.append(unit)
     return out
 
@@ -74,8 +74,8 @@ class UnitAudit:
     for name, stats in sorted(arrivals.items()):
       mine = [u for u in units if u["worker"] == name and not u.get("before_resume")]
       batches = sum(u["batches"] - u.get("resumed_after", 0) for u in mine)
-      batches += sum(u["taken_back"]["batches"] for u in units
-                     if u.get("taken_back", {}).get("worker") == name)
+      batches += sum(part["batches"] for u in units for part in u.get("taken_back", ())
+                     if part["worker"] == name)
       examples = sum(u["examples"] for u in mine)
       resumed = any("resumed_after" in u for u in mine) or stats.examples < 0
       if batches != stats.batches - offset or (not resumed and examples != stats.examples):

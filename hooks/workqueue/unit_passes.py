@@ -9,7 +9,7 @@ Typical usage (hooks.workqueue.work_queue_input builds it):
   epoch_input = EpochInput(dataset, num_epochs, task_name, passes=passes)
 """
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -41,9 +41,15 @@ class UnitPasses(PassSource):
     self._cardinality, self._checked = cardinality, False  # (unit feed, unit_fn's cardinality)
     self._unit = -1
     self.trained: Dict[int, list] = {}  # epoch -> [(unit, batches, examples)], this worker's
-    # (Elastic, the chief) epoch -> {unit: (lost worker id, its batches of the unit in the
-    # model)}: units taken back from lost workers (hooks.elastic), for the audit.
-    self.taken_back: Dict[int, Dict[int, Tuple[int, int]]] = {}
+    # (Elastic, the chief) epoch -> {unit: [(lost worker id, its batches of the unit in the
+    # model)], in the order they were trained}: units taken back from lost workers, for the audit.
+    self.taken_back: Dict[int, Dict[int, List[Tuple[int, int]]]] = {}
+
+  def take_back(self, epoch: int, unit: int, worker_id: int, batches: int) -> None:
+    """(Elastic, the chief) Records that lost worker `worker_id` put `batches` of `unit` in the
+    model before the unit went back to the queue: a part after the unit's earlier parts, whoever
+    trained them (another lost worker, or its own earlier process)."""
+    self.taken_back.setdefault(epoch, {}).setdefault(unit, []).append((worker_id, batches))
 
   def batch_gate(self, after: tf.Operation) -> Optional[tf.Operation]:
     """(Elastic) The gate each step's batch passes (hooks.workqueue.elastic_graph)."""
