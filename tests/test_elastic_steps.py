@@ -104,6 +104,12 @@ def _join(s, worker, epoch=0, token=11):
   return s.run(ops.join, {ops.worker: worker, ops.epoch: epoch, ops.token: token}).tolist()
 
 
+def _ready(s, worker, epoch=0):
+  """The guest's session is ready for its first step: 1 if its join was still pending."""
+  ops = s.steps.guest
+  return int(s.run(ops.ready, {ops.worker: worker, ops.epoch: epoch}))
+
+
 def test_a_guest_joins_the_running_epoch_and_the_next_round_that_goes_on_takes_it_in():
   s = _Steps()
   for w in range(WORKERS):
@@ -118,12 +124,15 @@ def test_a_guest_joins_the_running_epoch_and_the_next_round_that_goes_on_takes_i
   assert _join(s, 1) == [JOINED, 1]  # its earlier process's batch of epoch 0 is in the model
   assert _join(s, 1) == [JOINED, 1]  # run again (its answer lost): the same, nothing more
   assert s.run(s.started).tolist() == [-1, -1, -1]
-  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 1  # the guest is in
-  assert s.run(s.started).tolist() == [-1, 7, -1]  # its first marker: step 7, no token
-  assert s.run(s.owed).tolist() == [7, 7, 7]
-  assert s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 8}) == 0  # in once
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 0  # its session: not ready
+  assert s.run(s.owed).tolist() == [7, -1, 7]  # the steps wait for it only once it is in
+  assert _ready(s, 1) == 1
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 8}) == 1  # the guest is in
+  assert s.run(s.started).tolist() == [-1, 8, -1]  # its first marker: step 8, no token
+  assert s.run(s.owed).tolist() == [8, 8, 8]
+  assert s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 9}) == 0  # in once
   assert _gather_check(s, 0, worker=1) == (False, 1)  # in the steps: it arrives itself
-  s.run(s.epoch_start, {s.token: 9})
+  s.run(s.epoch_start, {s.token: 10})
   assert s.run(s.started).tolist() == [-1, -1, -1]
   assert _gather_check(s, 1, worker=1) == (False, 0)
 
@@ -145,6 +154,7 @@ def test_the_chiefs_gather_stands_in_for_a_guest_no_step_took_in_and_cancels_its
   s.run(s.tokens, {s.receivers: [1, 1, 1], s.token: 6})  # its round: DONE sent for it
   assert _join(s, 1) == [JOINED, 1]
   assert _gather_check(s, 0, worker=1) == (True, 1)  # the chief arrives for it, with its batch
+  assert _ready(s, 1) == 0  # its session is ready too late: it starts with the next epoch
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0  # too late to take it in
   assert s.run(s.started).tolist() == [-1, -1, -1]
   assert _gather_check(s, 0, worker=1) == (True, 1)  # asked again: the same
@@ -160,6 +170,7 @@ def test_a_guest_cannot_join_an_epoch_the_chiefs_gather_stood_in_for_it():
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0
   s.run(s.epoch_start, {s.token: 7})
   assert _join(s, 1, epoch=1) == [JOINED, 0]  # it joins epoch 1
+  assert _ready(s, 1, epoch=0) == 0 and _ready(s, 1, epoch=1) == 1
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 8}) == 1
 
 
@@ -182,12 +193,14 @@ def test_a_guest_lost_again_before_a_round_took_it_in_is_not_taken_in():
   for w in range(WORKERS):
     s.queue.claim(0, worker=w, seq=0)
   s.queue.reclaim(0, worker=1)
-  assert _join(s, 1)[0] == JOINED
+  assert _join(s, 1)[0] == JOINED and _ready(s, 1) == 1
   s.queue.reclaim(0, worker=1)  # its new process is lost too
   assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 0
   assert s.run(s.started).tolist() == [-1, -1, -1]
-  assert _join(s, 1, token=12)[0] == JOINED  # a third process joins
-  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 1
+  assert _join(s, 1, token=12)[0] == JOINED  # a third process joins: ready again first
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 0
+  assert _ready(s, 1) == 1
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 8}) == 1
 
 
 def _mean(rows, sparse_rows=None):

@@ -5,6 +5,6 @@
 
 from hooks.elastic.fence_check import FenceCheckHook
 from hooks.elastic.lost_workers import LostWorkerWatch
-from hooks.elastic.rejoin import rejoin_fn
+from hooks.elastic.rejoin import GuestTakeInHook, Rejoin
 
-__all__ = ["LostWorkerWatch", "FenceCheckHook", "rejoin_fn"]
+__all__ = ["LostWorkerWatch", "FenceCheckHook", "Rejoin", "GuestTakeInHook"]

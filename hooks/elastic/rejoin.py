@@ -10,55 +10,112 @@ arrives for it there (its gather came first), or if its earlier process had arri
 before it died. The queue's MembershipOps decide, inside its lock, so the chief's stand-in and
 the join never both count one epoch.
 
-Synchronous training (`guest`) joins as a guest of the steps: the next aggregation that hands
-out tokens takes it in, so it trains from the next step. If the epoch's steps end first, the
+Synchronous training (`guest`) joins as a guest of the steps. The join only reserves its place;
+the steps wait for it from the round that takes it in, and that round comes only once its
+session is ready for its first step (`GuestTakeInHook`, the last hook before the epoch starts):
+its session's other hooks never stall the others' steps. If the epoch's steps end first, the
 chief arrives for it and it starts with the next epoch.
 
 Typical usage (hooks.session.wiring, on every worker but the chief with --epochsync_elastic):
-  start = RunStartHook(..., rejoin=rejoin_fn(queue, barrier))
-  start = RunStartHook(..., rejoin=rejoin_fn(queue, barrier, guest=elastic_sync.GuestJoin(...)))
+  rejoin = Rejoin(queue, barrier)                              # asynchronous
+  rejoin = Rejoin(queue, barrier, guest=elastic_sync.GuestJoin(...))   # synchronous
+  start = RunStartHook(..., rejoin=rejoin)
+  hooks += [GuestTakeInHook(rejoin, monitor, chief, timeout_secs), epoch_input.hook]
 """
 
-from typing import Any, Callable, List, Optional, Tuple
+import time
+from typing import Any, Optional, Tuple
+
+import tensorflow as tf
 
 from hooks import log as logging
+from hooks.errors import StartupTimeoutError
 from hooks.workqueue.elastic_graph import JOINED, NOT_FENCED
 from hooks.workqueue.unit_passes import UnitPasses
 
-__all__ = ["rejoin_fn"]
+__all__ = ["Rejoin", "GuestTakeInHook"]
+
+_POLL_SECS = 0.02  # a guest's poll of `started`: two reads on the ps; its steps wait meanwhile
 
 
-def rejoin_fn(queue: UnitPasses, barrier, guest: Any = None
-              ) -> Callable[[object], Optional[str]]:
-  """`(session) -> None` once this worker joined the running job, else why not yet.
+class Rejoin:
+  """`rejoin(session)` (RunStartHook's): None once this worker joined the running job, else why
+  not yet. A synchronous guest (`guest`: the sync optimizer's `join(session, epoch) -> (answer,
+  held)`, `ready(session, epoch)`, `started(session) -> its first step, or -1` and
+  `take_local_step(session)`, hooks.session.elastic_sync) is then taken into the steps by
+  `take_in`."""
 
-  `guest` (synchronous training): the sync optimizer's `join(session, epoch) -> (answer,
-  held)` and `started(session) -> its first step, or -1` (hooks.session.elastic_sync)."""
-  joined: List[Tuple[int, int]] = []  # (the epoch it joined, its earlier process's batches)
+  def __init__(self, queue: UnitPasses, barrier: Any, guest: Any = None):
+    self._queue, self._barrier, self._guest = queue, barrier, guest
+    self.task_name = queue.task_name
+    self.joined: Optional[Tuple[int, int]] = None  # (its epoch, its earlier process's batches)
+    self.pending = False  # (a guest) joined, not in the steps yet
+    self._marked_ready = False
 
-  def rejoin(session) -> Optional[str]:
-    if not joined:
-      running = barrier.start_epoch(session)
-      if barrier.release_wait.arrived_at_end(session, running):
-        return (f"its earlier process arrived at the end of epoch {running} before it was "
-                "lost; it joins when that epoch ends")
-      answer, held = (guest or queue.claims).join(session, running)
-      if answer == NOT_FENCED:
-        return (f"the chief has not found its earlier process lost yet (epoch {running}); it "
-                "does within a few seconds")
-      if answer != JOINED:
-        return (f"it cannot join epoch {running} now (the chief arrives for it at its end, or "
-                "its earlier process's last step is still being aggregated); it tries again")
-      joined.append((running, held))
-      logging.info("%s joined epoch %d (its earlier process trained %d batches of it)%s",
-                   queue.task_name, running, held,
-                   "; the next synchronous step takes it in" if guest else "")
-    epoch, held = joined[0]
-    if guest is None or guest.started(session) >= 0:  # In the steps: the epoch waits for it.
-      barrier.release_wait.rejoined_at(epoch, held)
+  def __call__(self, session) -> Optional[str]:
+    if self.joined is not None:
       return None
-    if barrier.start_epoch(session) > epoch:  # Its steps ended first: it starts the next one.
-      return None
-    return f"it joined epoch {epoch}; it waits for the next synchronous step to take it in"
+    running = self._barrier.start_epoch(session)
+    if self._barrier.release_wait.arrived_at_end(session, running):
+      return (f"its earlier process arrived at the end of epoch {running} before it was "
+              "lost; it joins when that epoch ends")
+    answer, held = (self._guest or self._queue.claims).join(session, running)
+    if answer == NOT_FENCED:
+      return (f"the chief has not found its earlier process lost yet (epoch {running}); it "
+              "does within a few seconds")
+    if answer != JOINED:
+      return (f"it cannot join epoch {running} now (the chief arrives for it at its end, or "
+              "its earlier process's last step is still being aggregated); it tries again")
+    self.joined, self.pending = (running, held), self._guest is not None
+    logging.info("%s joined epoch %d (its earlier process trained %d batches of it)%s",
+                 self.task_name, running, held,
+                 "; a synchronous step takes it in once its session is ready" if self.pending
+                 else "")
+    if not self.pending:
+      self._barrier.release_wait.rejoined_at(running, held)
+    return None
 
-  return rejoin
+  def take_in(self, session) -> Optional[str]:
+    """(A pending guest, once its session is ready for its first step) None once a step took
+    it in (its local step is then the one it owes) or the epoch's steps ended first (it starts
+    the next one); else why it waits. Marks it ready on its first call."""
+    epoch, held = self.joined
+    if not self._marked_ready:  # (0: the chief's gather stood in for it first; it waits on)
+      self._guest.ready(session, epoch)
+      self._marked_ready = True
+    if self._guest.started(session) >= 0:
+      self._guest.take_local_step(session)  # The steps wait for its marker: the step holds.
+      self._barrier.release_wait.rejoined_at(epoch, held)
+      self.pending = False
+      logging.info("%s: a synchronous step took it into epoch %d", self.task_name, epoch)
+      return None
+    if self._barrier.start_epoch(session) > epoch:
+      self.pending = False
+      logging.info("%s: epoch %d's steps ended before one took it in; it starts with epoch %d",
+                   self.task_name, epoch, epoch + 1)
+      return None
+    return f"joined epoch {epoch} as a guest of the synchronous steps"
+
+
+class GuestTakeInHook(tf.compat.v1.train.SessionRunHook):
+  """(Synchronous, elastic) Takes a relaunched worker that joined as a guest into the steps, as
+  the last hook before its epoch starts. Bounded by `timeout_secs`; a dead chief ends it."""
+
+  def __init__(self, rejoin: Rejoin, liveness: Any, chief: str, timeout_secs: float):
+    self._rejoin, self._liveness, self._chief = rejoin, liveness, chief
+    self._timeout = timeout_secs
+
+  def after_create_session(self, session, coord) -> None:
+    start = time.monotonic()
+    while self._rejoin.pending:
+      why = self._rejoin.take_in(session)
+      if why is None:
+        return
+      if time.monotonic() - start > self._timeout:
+        raise StartupTimeoutError(
+            f"{self._rejoin.task_name} {why}, and no step took it in for {self._timeout:g} s "
+            f"(nor did the epoch's steps end): {self._chief}'s aggregation is stuck; check its "
+            "log, or raise --epochsync_startup_timeout_secs", [self._chief])
+      self._liveness.check([self._chief], "for a synchronous step to take it in")
+      time.sleep(_POLL_SECS)
+

@@ -4,12 +4,12 @@ With an elastic work queue the sync optimizer builds its markers in the queue's 
 (hooks.sync.elastic_steps). Three pieces join it to the rest: a worker whose claim answers
 WAIT runs IDLE steps between its claims (the others' steps go on); the chief, after it took a
 lost worker's unit back, sends the marker the worker owes (hooks.elastic.LostWorkerWatch); and
-a relaunched worker joins the running epoch as a guest (`GuestJoin`, hooks.elastic.rejoin).
+a relaunched worker joins the running epoch as a guest (`GuestJoin`, hooks.elastic.Rejoin).
 
 Typical usage (hooks.session.wiring, with --epochsync_elastic and a sync optimizer):
   on_lost = wire(queue, sync_hook, settings)
   watch = LostWorkerWatch(queue, barrier, monitor, ..., on_lost=on_lost)
-  rejoin = rejoin_fn(queue, barrier, guest=GuestJoin(sync_hook, worker_id=1))
+  rejoin = Rejoin(queue, barrier, guest=GuestJoin(sync_hook, worker_id=1))
 """
 
 import random
@@ -74,6 +74,19 @@ class GuestJoin:
         "the guest's join", self._opt.worker_names[0])
     return int(answer), int(held)
 
+  def ready(self, session, epoch: int) -> bool:
+    """Its session is ready for its first step: the next aggregation may take it in. False: the
+    chief's gather stood in for it at `epoch`'s end first."""
+    ops = self._opt.sync_ops.guest
+    return bool(step_retry.run_rerunnable(
+        lambda: session.run(ops.ready, {ops.worker: self._worker, ops.epoch: epoch},
+                            options=run_options(_RUN_TIMEOUT_SECS)),
+        "the guest's ready mark", self._opt.worker_names[0]))
+
   def started(self, session) -> int:
     """Its first step in the joined epoch, once an aggregation took it in; -1 before."""
     return int(session.run(self._started, options=run_options(_RUN_TIMEOUT_SECS)))
+
+  def take_local_step(self, session) -> None:
+    """(Once a step took it in) Its local step is the step, which waits for its marker."""
+    session.run(self._opt.sync_ops.local_step_init_op, options=run_options(_RUN_TIMEOUT_SECS))

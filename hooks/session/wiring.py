@@ -35,7 +35,7 @@ from hooks.faults.stuck_step import LOST_AFTER_SECS, StuckStepWatchdog
 from hooks.epoch.run_start import RunStartHook
 from hooks.session import elastic_sync
 from hooks.config.settings import EpochSyncSettings
-from hooks.elastic import FenceCheckHook, LostWorkerWatch, rejoin_fn
+from hooks.elastic import FenceCheckHook, GuestTakeInHook, LostWorkerWatch, Rejoin
 from hooks.errors import ConfigError
 from hooks.workqueue.audit import audit_work_queue
 from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
@@ -110,7 +110,7 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   rejoin = None
   if settings.elastic and not config.is_chief:
-    rejoin = rejoin_fn(queue, barrier, guest=elastic_sync.GuestJoin(
+    rejoin = Rejoin(queue, barrier, guest=elastic_sync.GuestJoin(
         sync_hook, config.worker_id) if sync_hook is not None else None)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
@@ -160,6 +160,9 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   if config.is_chief and (summary_dir or model_dir):  # After the save: it reports its step.
     hooks.append(EpochSummaryHook(barrier, summary_dir or model_dir))
   hooks.append(EpochProgressHook(epoch_input, every_secs=settings.progress_secs))
+  if rejoin is not None and sync_hook is not None:  # Just before the epoch starts.
+    hooks.append(GuestTakeInHook(rejoin, monitor, config.worker_names[0],
+                                 settings.startup_timeout_secs))
   return hooks + [epoch_input.hook]
 
 

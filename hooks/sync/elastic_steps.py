@@ -18,9 +18,10 @@ gradient queues (hooks.sync.gradient_queues: the chief takes only the step's sen
     an IDLE marker instead of a gradient and stays in the steps; a round of IDLE markers alone
     applies nothing and hands out tokens of the same step;
   - **a guest's join** (`join`): a relaunched worker joins the running epoch in the lock (the
-    marker its earlier process owes is sent first, as DONE; elastic_graph.guest_join), and the
-    next aggregation that hands out tokens takes it into the steps: it owes the marker of the
-    tokens' step, waits for `started` instead of a token, and arrives itself at the epoch's
+    marker its earlier process owes is sent first, as DONE; elastic_graph.guest_join); once its
+    session is ready for its first step (`ready`), the next aggregation that hands out tokens
+    takes it into the steps: it owes the marker of the tokens' step (the steps wait for it only
+    from then on), waits for `started` instead of a token, and arrives itself at the epoch's
     barrier (its DONE then precedes the next epoch's markers, as every worker's). A round that
     ends the epoch takes no guest, nor does one after the chief's gather stood in for it
     (`still_lost` cancels the join): it starts with the next epoch instead.
@@ -55,7 +56,9 @@ IDLE_ROUND = -3  # What an aggregation of IDLE markers alone returns: nothing wa
 class GuestOps:
   """A relaunched worker's join of the running epoch (hooks.elastic.rejoin): `join` (feeds
   `worker`, `epoch`, `token`) answers [elastic_graph's JOINED, NOT_FENCED or CLOSED; the batches
-  of `epoch` its earlier process trained]; `started[worker]`: the step of its first marker once
+  of `epoch` its earlier process trained]; `ready` (feeds `worker`, `epoch`): its session is
+  ready for its first step, the next aggregation may take it in (its join stays pending until
+  then); `started[worker]`: the step of its first marker once
   an aggregation took it into the steps, -1 before (and from the next epoch's start on); the
   step then waits for its marker, so it reads its first step from the step, as every worker.
   `membership`: the queue's MembershipOps with the chief's `still_lost` of a synchronous job
@@ -64,6 +67,7 @@ class GuestOps:
   epoch: tf.Tensor
   token: tf.Tensor
   join: tf.Tensor
+  ready: tf.Tensor
   started: tf.Variable
   membership: Any
 
@@ -95,6 +99,7 @@ class ElasticSteps:
       self.owed = vector(name="owed_markers")
       # A guest's epoch until a step takes it in; -1; or _stood_in: too late to join it.
       self._joining = vector(name="joining_guests")
+      self._ready = vector(name="ready_guests")  # 1: its first step is ready; else -1
       started = vector(name="guest_first_steps")  # GuestOps.started
       feeds = [_v1.placeholder(tf.int64, [], "guest_" + name)
                for name in ("worker", "epoch", "token")]
@@ -107,7 +112,8 @@ class ElasticSteps:
     membership = dataclasses.replace(queue.membership, still_lost=execute_unrecorded(
         queue.lock, functools.partial(self._still_lost, queue.membership.worker,
                                       queue.membership.epoch)))
-    self.guest = GuestOps(*feeds, join, started, membership)
+    ready = execute_unrecorded(queue.lock, functools.partial(self._mark_ready, *feeds[:2]))
+    self.guest = GuestOps(*feeds, join, ready, started, membership)
     self.init = tf.group(
         self.owed.assign(tf.fill([num_workers], tf.cast(step, tf.int64))),
         queue.accepted.scatter_nd_update(self._ids, tf.fill([num_workers], epoch)),
@@ -149,8 +155,8 @@ class ElasticSteps:
         goes_on = tf.reduce_sum(receivers) > 0
         joining, started = self._joining.read_value(), self._started.read_value()
         closed = self._queue.closed[:self._n]
-        guests = tf.logical_and(tf.logical_and(joining >= 0, goes_on),
-                                tf.logical_not(elastic_graph.fenced(self._queue, self._n)))
+        guests = tf.logical_and(tf.logical_and(joining >= 0, goes_on), tf.logical_and(
+            self._ready > 0, tf.logical_not(elastic_graph.fenced(self._queue, self._n))))
         with tf.control_dependencies([joining, started, closed]):  # read, then written
           taken = [self._started.assign(tf.where(guests, tf.fill([self._n], token), started)),
                    # A guest in the steps arrives itself at the epoch's barrier.
@@ -186,8 +192,18 @@ class ElasticSteps:
       answer = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed)
     joined = tf.logical_and(was_fenced, tf.equal(answer[0], elastic_graph.JOINED))
     with tf.control_dependencies([self._joining.scatter_nd_update([[worker]], tf.reshape(
-        tf.where(joined, epoch, self._joining[worker]), [1]))]):
+        tf.where(joined, epoch, self._joining[worker]), [1])), self._ready.scatter_nd_update(
+            [[worker]], tf.reshape(tf.where(joined, tf.constant(-1, tf.int64),
+                                            self._ready[worker]), [1]))]):
       return tf.identity(answer)
+
+  def _mark_ready(self, worker: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
+    """(Inside the lock) GuestOps.ready: a guest whose join of `epoch` is pending may be taken
+    in; 1 if it was (a stand-in of the chief's gather came first: 0, it starts later)."""
+    pending = tf.equal(self._joining[worker], epoch)
+    with tf.control_dependencies([self._ready.scatter_nd_update([[worker]], tf.reshape(
+        tf.where(pending, tf.constant(1, tf.int64), self._ready[worker]), [1]))]):
+      return tf.cast(pending, tf.int64)
 
   def _owe(self, owing: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) `owing` workers owe a marker at `step`; the fenced ones get theirs."""
@@ -217,7 +233,7 @@ class ElasticSteps:
 
   def _clear_guests(self):
     none = tf.fill([self._n], tf.constant(-1, tf.int64))
-    return [self._joining.assign(none), self._started.assign(none)]
+    return [self._joining.assign(none), self._started.assign(none), self._ready.assign(none)]
 
   def lost_marker(self, worker: tf.Tensor) -> tf.Tensor:
     """(The chief, after it fenced `worker`) Sends the marker it owes, as DONE; 1 if it did."""
