@@ -49,6 +49,7 @@ def _run_job(tmp_path, shards, num_epochs, log_every_secs, sync=True, timeout_se
   return result
 
 
+@pytest.mark.variant  # (the tiny log period is the harder case of the same race)
 @pytest.mark.timeout(300)
 def test_many_epochs_with_a_short_log_period(tmp_path, stress_run):
   """Issue 8's reproduction: 4 workers, shards 1/0/2/1, 60 epochs, a 0.05 s log period."""

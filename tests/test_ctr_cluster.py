@@ -169,7 +169,7 @@ def test_canned_wide_deep_on_sparse_features_equals_the_one_process_reference(tm
 
 
 @pytest.mark.timeout(360)
-@pytest.mark.parametrize("canned", ["linear", "dnn"])
+@pytest.mark.parametrize("canned", [pytest.param("linear", marks=pytest.mark.variant), "dnn"])
 def test_canned_linear_and_dnn_classifiers_equal_the_one_process_reference(tmp_path, canned):
   """LinearClassifier (Ftrl) and DNNClassifier (Adagrad): one synchronous optimizer each."""
   _run_and_compare(tmp_path, canned, num_epochs=1, has_evaluator=False)

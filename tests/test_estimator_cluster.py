@@ -142,6 +142,7 @@ def test_the_evaluator_outlives_an_epoch_longer_than_its_timeout(tmp_path):
   assert [line["epoch"] for line in _eval_log(model_dir, "evaluator:0")] == [0]  # ... and the wait.
 
 
+@pytest.mark.variant  # (asynchronous Estimators: test_estimator_work_queue, test_elastic_cluster)
 @pytest.mark.timeout(180)
 def test_custom_model_fn_async_with_evaluator_is_still_epoch_exact(tmp_path):
   """--noepochsync_sync from the flags: each worker applies its own gradients, epochs exact."""

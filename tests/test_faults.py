@@ -60,7 +60,7 @@ def _assert_every_survivor_names(result, victim, killed_at):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("victim,sync", [("worker:2", True), ("worker:2", False),
-                                         ("worker:0", True)],
+                                         pytest.param("worker:0", True, marks=pytest.mark.variant)],
                          ids=["worker-sync", "worker-async", "chief-sync"])
 def test_a_killed_training_task_is_named_by_every_survivor(tmp_path, victim, sync):
   killed_at, result, model_dir = _kill_mid_epoch(tmp_path, victim, sync=sync)
@@ -97,7 +97,8 @@ SLOW_STEP_SECS, SLOWDOWN, SLOW_BATCHES = 0.25, 5, 4  # worker:2 sleeps 1.25 s pe
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+@pytest.mark.parametrize("sync", [pytest.param(False, marks=pytest.mark.variant), True],
+                         ids=["async", "sync"])
 def test_a_5x_slower_worker_is_waited_for_and_named_without_a_false_alarm(tmp_path, sync):
   """Default timeouts, liveness probes on: the epoch completes, the wait is where it should be.
 
@@ -189,7 +190,8 @@ def test_an_asynchronous_step_that_never_returns_ends_its_process_and_the_job(tm
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+@pytest.mark.parametrize("sync", [True, pytest.param(False, marks=pytest.mark.variant)],
+                         ids=["sync", "async"])
 def test_a_step_tensorflow_lost_runs_again_and_the_job_stays_exact(tmp_path, sync):
   """worker:2's 5th step is a run TensorFlow lost: its session.run never returns and runs
   nothing (as a RunGraph its own task rejected as a duplicate, whose cancellation the ps never

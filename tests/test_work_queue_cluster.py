@@ -128,6 +128,7 @@ def test_asynchronous_units_go_to_the_free_workers(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.variant  # (fewer workers after a resume: test_a_synchronous_queue_resumes_...)
 @pytest.mark.timeout(300)
 def test_a_killed_worker_then_a_relaunch_with_fewer_workers_trains_every_unit_once(tmp_path):
   """Epoch 1 dies with worker:1 (SIGKILL mid-epoch; no mid-epoch checkpoint in this job),
