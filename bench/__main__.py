@@ -64,8 +64,8 @@ _FULL = {
     "elastic_gate": ("bench.input_overhead", [
         "--variants=epoch_input,work_queue@100,elastic_queue@100", "--steps=4000",
         "--repetitions=5", "--output={out}.json"]),
-    "elastic_cost": ("bench.elastic_cost", ["--repetitions=3", "--output={out}.json"]),
-    "elastic_sync": ("bench.elastic_cost", ["--sync", "--repetitions=3", "--output={out}.json"]),
+    "elastic_cost": ("bench.elastic_cost", ["--repetitions=7", "--output={out}.json"]),
+    "elastic_sync": ("bench.elastic_cost", ["--sync", "--repetitions=5", "--output={out}.json"]),
     "elastic_sync_step": ("bench.elastic_cost", ["--sync", "--step_cost_only",
                                                  "--step_sleep_secs=0", "--repetitions=5",
                                                  "--output={out}.json"]),
