@@ -16,7 +16,10 @@ every step pauses --step_sleep_secs. Per repetition, three jobs from a fresh mod
 
 loss = wall - uninterrupted's wall. The elastic loss is the detection (the chief's WARNING after
 the kill, from its log), the lost worker's share of the epoch done by the others, and the
-rejoin; its bound is the detection plus one unit's time (unit_secs: a unit's batches at the
+rejoin. Two jobs' start-ups (6 processes importing TensorFlow on the same cores) differ by a
+few seconds from run to run, as much as the loss itself; so each job's training span is timed
+too, from epoch 0's end to the last epoch's end (the audit's releases: the kill is in epoch 1),
+and span_loss = span - uninterrupted's span: the same loss without the start-up's noise; its bound is the detection plus one unit's time (unit_secs: a unit's batches at the
 uninterrupted job's pace per worker). Stop-and-relaunch loses every task's work since the
 newest checkpoint plus a whole job's restart. With a save period P, that work is P/2 on
 average: the JSON gives the measured loss plus P/2 for P = 600 s, and its ratio to the elastic
@@ -125,6 +128,8 @@ def _job(kind: str) -> Dict[str, float]:
       cluster.start(_command(model_dir, False))
       cluster.wait().check()
   row["wall_secs"] = round(time.monotonic() - start, 3)
+  released = {line["epoch"]: line["released_at"] for line in read_audit(model_dir)}
+  row["span_secs"] = round(released[_EPOCHS.value - 1] - released[0], 3)  # epochs 1..last
   if kind in ("uninterrupted", "plain"):  # A unit's time at this job's pace per worker.
     audit = read_audit(model_dir)
     epoch = audit[1]["released_at"] - audit[0]["released_at"]
@@ -154,9 +159,9 @@ def main(argv):
       runs.append(row)
       print(row, flush=True)
       continue
-    base = row["uninterrupted"]["wall_secs"]
     for kind in ("elastic", "stop_relaunch"):
-      row[kind]["loss_secs"] = round(row[kind]["wall_secs"] - base, 3)
+      wall, span = (row[kind][f] - row["uninterrupted"][f] for f in ("wall_secs", "span_secs"))
+      row[kind]["loss_secs"], row[kind]["span_loss_secs"] = round(wall, 3), round(span, 3)
     elastic = row["elastic"]
     elastic["bound_secs"] = round(elastic["detection_secs"] + row["uninterrupted"]["unit_secs"],
                                   3)
@@ -181,9 +186,11 @@ def main(argv):
                          step_sleep_secs=_SLEEP.value, sync=True)
     return
   summary = {"elastic_loss_secs": median("elastic", "loss_secs"),
+             "elastic_span_loss_secs": median("elastic", "span_loss_secs"),
              "detection_secs": median("elastic", "detection_secs"),
              "bound_secs": median("elastic", "bound_secs"),
              "stop_relaunch_loss_secs": median("stop_relaunch", "loss_secs"),
+             "stop_relaunch_span_loss_secs": median("stop_relaunch", "span_loss_secs"),
              "ratio_measured": statistics.median(r["ratio_measured"] for r in runs),
              "ratio_at_600s": statistics.median(r["ratio_at_600s"] for r in runs)}
   if _SYNC.value:
