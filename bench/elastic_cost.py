@@ -19,8 +19,9 @@ the kill, from its log), the lost worker's share of the epoch done by the others
 rejoin. Two jobs' start-ups (6 processes importing TensorFlow on the same cores) differ by a
 few seconds from run to run, as much as the loss itself; so each job's training span is timed
 too, from epoch 0's end to the last epoch's end (the audit's releases: the kill is in epoch 1),
-and span_loss = span - uninterrupted's span: the same loss without the start-up's noise; its bound is the detection plus one unit's time (unit_secs: a unit's batches at the
-uninterrupted job's pace per worker). Stop-and-relaunch loses every task's work since the
+and span_loss = span - uninterrupted's span: the same loss without the start-up's noise. Its
+bound is the detection plus one unit's time (unit_secs: a unit's batches at the uninterrupted
+job's pace per worker). Stop-and-relaunch loses every task's work since the
 newest checkpoint plus a whole job's restart. With a save period P, that work is P/2 on
 average: the JSON gives the measured loss plus P/2 for P = 600 s, and its ratio to the elastic
 loss (at least the detection: a loss below it is the runs' noise).
@@ -128,10 +129,10 @@ def _job(kind: str) -> Dict[str, float]:
       cluster.start(_command(model_dir, False))
       cluster.wait().check()
   row["wall_secs"] = round(time.monotonic() - start, 3)
-  released = {line["epoch"]: line["released_at"] for line in read_audit(model_dir)}
+  audit = read_audit(model_dir)
+  released = {line["epoch"]: line["released_at"] for line in audit}
   row["span_secs"] = round(released[_EPOCHS.value - 1] - released[0], 3)  # epochs 1..last
   if kind in ("uninterrupted", "plain"):  # A unit's time at this job's pace per worker.
-    audit = read_audit(model_dir)
     epoch = audit[1]["released_at"] - audit[0]["released_at"]
     row["unit_secs"] = round(epoch * _WORKERS / _TOTAL.value * _UNIT.value, 3)
     # The steps after epoch 0 (start-up apart): seconds per global step.

@@ -75,6 +75,12 @@ class GuestOps:
 _IN_ROUND = -2  # An `owed` value: its GRAD or IDLE marker passed, its round is not over.
 
 
+def _write_where(vector: tf.Variable, worker: Any, when: tf.Tensor, value: Any) -> tf.Tensor:
+  """(Inside the lock) vector[worker] = value where `when`, else unchanged."""
+  return vector.scatter_nd_update([[worker]], tf.reshape(tf.where(
+      when, tf.cast(value, tf.int64), vector[worker]), [1]))
+
+
 def _stood_in(epoch: tf.Tensor) -> tf.Tensor:
   """A `joining` value: the chief's gather arrived for the worker at `epoch`'s end."""
   return -2 - epoch
@@ -135,8 +141,7 @@ class ElasticSteps:
     enqueued = self._markers.enqueue_many((tf.fill([n], wid), tf.fill([n], kind),
                                            tf.fill([n], sent)))
     # A GRAD or IDLE sender owes nothing until its round's aggregation: _IN_ROUND till then.
-    cleared = self.owed.scatter_nd_update([[wid]], tf.reshape(tf.where(
-        passed, tf.constant(-1 if kind == DONE else _IN_ROUND, tf.int64), self.owed[wid]), [1]))
+    cleared = _write_where(self.owed, wid, passed, -1 if kind == DONE else _IN_ROUND)
     with tf.control_dependencies([enqueued, cleared]):
       return tf.identity(passed)
 
@@ -176,8 +181,7 @@ class ElasticSteps:
     answer = elastic_graph.still_lost(self._queue, worker, epoch)
     # A guest no step took in yet waits no more; none joins `epoch` after this stand-in.
     pending = tf.logical_or(tf.equal(self._joining[worker], epoch), answer[0] > 0)
-    marked = self._joining.scatter_nd_update([[worker]], tf.reshape(
-        tf.where(pending, _stood_in(epoch), self._joining[worker]), [1]))
+    marked = _write_where(self._joining, worker, pending, _stood_in(epoch))
     with tf.control_dependencies([marked]):
       return tf.identity(answer)
 
@@ -191,18 +195,15 @@ class ElasticSteps:
     with tf.control_dependencies([self._send_owed(worker), was_fenced, allowed]):
       answer = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed)
     joined = tf.logical_and(was_fenced, tf.equal(answer[0], elastic_graph.JOINED))
-    with tf.control_dependencies([self._joining.scatter_nd_update([[worker]], tf.reshape(
-        tf.where(joined, epoch, self._joining[worker]), [1])), self._ready.scatter_nd_update(
-            [[worker]], tf.reshape(tf.where(joined, tf.constant(-1, tf.int64),
-                                            self._ready[worker]), [1]))]):
+    with tf.control_dependencies([_write_where(self._joining, worker, joined, epoch),
+                                  _write_where(self._ready, worker, joined, -1)]):
       return tf.identity(answer)
 
   def _mark_ready(self, worker: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) GuestOps.ready: a guest whose join of `epoch` is pending may be taken
     in; 1 if it was (a stand-in of the chief's gather came first: 0, it starts later)."""
     pending = tf.equal(self._joining[worker], epoch)
-    with tf.control_dependencies([self._ready.scatter_nd_update([[worker]], tf.reshape(
-        tf.where(pending, tf.constant(1, tf.int64), self._ready[worker]), [1]))]):
+    with tf.control_dependencies([_write_where(self._ready, worker, pending, 1)]):
       return tf.cast(pending, tf.int64)
 
   def _owe(self, owing: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
@@ -247,7 +248,6 @@ class ElasticSteps:
     n = tf.cast(due, tf.int32)
     enqueued = self._markers.enqueue_many((tf.fill([n], tf.cast(worker, tf.int32)),
                                            tf.fill([n], DONE), tf.fill([n], owed)))
-    cleared = self.owed.scatter_nd_update([[worker]], tf.reshape(
-        tf.where(due, tf.constant(-1, tf.int64), owed), [1]))
+    cleared = _write_where(self.owed, worker, due, -1)
     with tf.control_dependencies([enqueued, cleared]):
       return tf.identity(n)
