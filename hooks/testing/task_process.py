@@ -19,6 +19,7 @@ import time
 from typing import Callable, List, Mapping, Optional, Sequence
 
 from hooks.errors import ClusterLaunchError
+from hooks.testing import forked_process
 
 __all__ = ["TaskResult", "ClusterResult"]
 
@@ -86,9 +87,7 @@ class _Task:
     self.ended: Optional[float] = None
     self.timed_out = False
     self._log = open(log_path, "w")
-    self.proc = subprocess.Popen(list(argv), env=dict(env), cwd=_PROJECT_ROOT,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+    self.proc = forked_process.start(argv, env, _PROJECT_ROOT)
     self._copier = threading.Thread(target=self._copy, args=(stream,), daemon=True)
     self._copier.start()
 
