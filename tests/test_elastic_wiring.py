@@ -8,6 +8,7 @@ from hooks.config.cluster import ClusterConfig
 from hooks.config.settings import EpochSyncSettings
 from hooks.data.epoch_input import EpochInput
 from hooks.elastic import LostWorkerWatch
+from hooks.elastic.lost_workers import probe_period_secs
 from hooks.errors import ConfigError
 from hooks.session.wiring import epoch_sync_hooks
 from hooks.sync.aggregation_group import AggregationGroup
@@ -67,7 +68,15 @@ def test_a_synchronous_elastic_job_wires_idle_steps_and_the_lost_marker(graph):
   hooks = epoch_sync_hooks(CHIEF, epoch_input, settings, sync_hook=hook)
   watch = next(h for h in hooks if isinstance(h, LostWorkerWatch))
   assert watch._on_lost is not None and watch._stalled_after == settings.step_timeout_secs / 2
+  assert watch._period == 0.1  # a small job's lost worker is found within 0.1 s
   assert epoch_input.passes.claims.while_waiting is not None
+
+
+@pytest.mark.parametrize("num_workers,period", [(2, 0.1), (25, 0.1), (100, 0.4), (250, 1.0),
+                                                (2000, 1.0)])
+def test_the_chief_probes_a_small_job_every_0_1_s_and_spends_at_most_5_percent_on_probes(
+    num_workers, period):
+  assert probe_period_secs(num_workers) == pytest.approx(period)
 
 
 def test_two_sync_optimizers_are_refused(graph):

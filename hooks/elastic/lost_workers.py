@@ -1,7 +1,9 @@
 """The chief's watch for lost workers (elastic training): the job goes on without them.
 
-Only the chief acts on a worker's death; the other workers never wait for one another. Once a
-second a thread of the chief probes the other workers (hooks.faults.liveness: ~0.2 ms each). A
+Only the chief acts on a worker's death; the other workers never wait for one another. A thread
+of the chief probes the other workers (hooks.faults.liveness: ~0.2 ms each) every 0.1 s, or
+less often in a job of more than 25 workers so the probes take at most 5% of that thread (once
+a second at 250 workers and above: `probe_period_secs`). A
 worker whose server is gone or restarted is lost, and so is one that answered no probe for
 `stalled_after_secs` (frozen: SIGSTOP, a long pause, a partition). The chief, in this order:
   1. reclaims its unit: one run on ps:0 inside the work queue's critical section fences the
@@ -35,10 +37,19 @@ from hooks.faults.waiting import run_options
 from hooks.workqueue.queue_graph import FENCE_MARK
 from hooks.workqueue.unit_passes import UnitPasses
 
-__all__ = ["LostWorkerWatch"]
+__all__ = ["LostWorkerWatch", "probe_period_secs"]
 
 _v1 = tf.compat.v1
 _RUN_TIMEOUT_SECS = 60.0  # the reclaim and the reads wait for nothing but ps:0
+_FASTEST_PERIOD_SECS = 0.1
+_PROBE_SECS = 0.0002  # one GetStatus RPC on a local network
+_PROBE_SHARE = 0.05  # of the watch thread's time
+
+
+def probe_period_secs(num_workers: int) -> float:
+  """How often the chief probes `num_workers` workers: 0.1 s, slower past 25 workers, at
+  most once a second (liveness's PERIOD_SECS)."""
+  return min(PERIOD_SECS, max(_FASTEST_PERIOD_SECS, num_workers * _PROBE_SECS / _PROBE_SHARE))
 
 
 class LostWorkerWatch(_v1.train.SessionRunHook):
@@ -51,7 +62,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     worker_names: task names by worker id; id 0, the chief, is never probed.
     stalled_after_secs: `float`, a worker that answers no probe for this long is lost too
       (frozen: SIGSTOP, a long pause, a partition); --epochsync_step_timeout_secs.
-    period_secs: `float`, how often the workers are probed.
+    period_secs: `float`, how often the workers are probed (default: `probe_period_secs`).
     on_lost: `(session, worker_id) -> None`, after the reclaim (synchronous: the chief sends
       the marker the lost worker owes; hooks.session.elastic_sync).
     membership: the queue's MembershipOps to ask at each gather (synchronous: the sync
@@ -60,10 +71,11 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
 
   def __init__(self, queue: UnitPasses, barrier, monitor: LivenessMonitor,
                worker_names: Sequence[str], stalled_after_secs: float,
-               period_secs: float = PERIOD_SECS,
+               period_secs: Optional[float] = None,
                on_lost: Optional[Callable[[Any, int], None]] = None, membership: Any = None):
     self._queue, self._barrier, self._monitor = queue, barrier, monitor
-    self._names, self._period = list(worker_names), period_secs
+    self._names = list(worker_names)
+    self._period = probe_period_secs(len(self._names)) if period_secs is None else period_secs
     self._stalled_after = stalled_after_secs
     self._on_lost, self._own_membership = on_lost, membership
     self._lost: set = set()
