@@ -16,8 +16,11 @@ every step pauses --step_sleep_secs. Per repetition, three jobs from a fresh mod
 
 loss = wall - uninterrupted's wall. The elastic loss is the detection (the chief's WARNING after
 the kill, from its log), the lost worker's share of the epoch done by the others, and the
-rejoin. Two jobs' start-ups (6 processes importing TensorFlow on the same cores) differ by a
-few seconds from run to run, as much as the loss itself; so each job's training span is timed
+rejoin. Every task, the relaunched one too, is forked from a process that imported TensorFlow
+once (hooks.testing.fork_server), as a relaunched pod pays its import on its own node's CPU,
+not on the survivors'; EPOCHSYNC_TEST_FORK_SERVER=0 has each task import it on these cores.
+Two jobs' start-ups differ by a second or more from run to run, as much as the loss itself;
+so each job's training span is timed
 too, from epoch 0's end to the last epoch's end (the audit's releases: the kill is in epoch 1),
 and span_loss = span - uninterrupted's span: the same loss without the start-up's noise. Its
 bound is the detection plus one unit's time (unit_secs: a unit's batches at the uninterrupted

@@ -28,6 +28,7 @@ import threading
 import traceback
 
 _MAX_REQUEST_BYTES = 1 << 20
+_REQUEST_TIMEOUT_SECS = 10.0
 
 
 def _preload() -> None:
@@ -124,7 +125,15 @@ def serve(socket_path: str) -> None:
       continue
     if listener in readable:
       conn, _ = listener.accept()
-      message, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST_BYTES, 1)
+      conn.settimeout(_REQUEST_TIMEOUT_SECS)  # a client sends its request as it connects
+      try:
+        message, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST_BYTES, 1)
+      except OSError:
+        conn.close()
+        continue
+      if len(fds) != 1:
+        conn.close()  # the client then starts its task by Popen
+        continue
       server_fds = [listener.fileno(), wake_r, wake_w, conn.fileno()] + [
           c.fileno() for c in waiting.values()]
       pid = os.fork()
