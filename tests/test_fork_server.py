@@ -43,6 +43,16 @@ def test_a_forked_task_has_its_own_pid_group_argv_env_and_exit_code():
   assert view["cwd"] == ROOT
 
 
+def test_a_script_runs_as_main_with_its_folder_first_on_the_path():
+  script = os.path.join("tests", "tasks", "forked_probe.py")
+  proc = forked_process.start([sys.executable, script, "exit", "0"], _env(), ROOT)
+  assert isinstance(proc, forked_process.ForkedProcess)
+  view, _ = _finish(proc)
+  assert proc.returncode == 0
+  assert view["main_file"] == os.path.join(ROOT, script)
+  assert view["path0"] == os.path.join(ROOT, "tests", "tasks")  # as `python script.py` has it
+
+
 def test_two_forks_draw_different_random_numbers():
   views = [_finish(_start("exit", "0"))[0] for _ in range(2)]
   assert views[0]["random"] != views[1]["random"]
@@ -73,11 +83,16 @@ def test_the_exit_waits_for_non_daemon_threads_then_runs_atexit():
   assert out.index("thread done") < out.index("atexit ran")
 
 
-def test_an_environment_read_at_import_that_differs_gets_a_process_of_its_own():
-  first = _start("exit", "0")
+@pytest.mark.parametrize("variable", [
+    {"TF_CPP_MIN_LOG_LEVEL": "0"},  # read when TensorFlow is imported: the server has
+    {"LD_PRELOAD": ""},  # read when a process is exec'd: a fork never is
+    {"SOME_SETTING": "x"}])  # anything else unknown
+def test_an_environment_that_differs_but_for_per_task_settings_gets_a_process_of_its_own(
+    variable):
+  first = _start("exit", "0", EPOCHSYNC_NUM_EPOCHS="3")
   _finish(first)
   assert isinstance(first, forked_process.ForkedProcess)
-  other = _start("exit", "0", TF_CPP_MIN_LOG_LEVEL="0")
+  other = _start("exit", "0", **variable)
   assert isinstance(other, subprocess.Popen)
   _finish(other)
 

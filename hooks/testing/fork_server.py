@@ -4,7 +4,8 @@ Each task of a LocalCluster used to pay TensorFlow's import (about 2.5 s of CPU)
 a test of 5 tasks on 2 cores waited about 6 s for it before anything ran. This server imports
 TensorFlow once; each task is a fork of it: a real separate process with its own pid, process
 group, environment, working directory, stdout/stderr pipe and exit status, that runs
-`python -m <module> <args>` the way the interpreter would (runpy, SystemExit, atexit).
+`python -m <module> <args>` or `python <script.py> <args>` the way the interpreter would
+(runpy, SystemExit, atexit).
 
 The server is single-threaded (it must be, to fork safely): one loop over its listening socket,
 a SIGCHLD wake-up pipe and its stdin, which is its parent's lifeline (EOF: it exits). A client
@@ -61,7 +62,8 @@ def _run_child(request: dict, out_fd: int, server_fds: list) -> None:
     os.environ.update(env)
     os.chdir(request["cwd"])
     sys.path[0:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path.insert(0, request["cwd"])
+    script = request.get("script")  # python path/to/script.py: its folder first, as python does
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)) if script else request["cwd"])
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     for stream in (sys.stdout, sys.stderr):
       if isinstance(stream, io.TextIOWrapper):
@@ -69,7 +71,7 @@ def _run_child(request: dict, out_fd: int, server_fds: list) -> None:
     # `random` reseeds itself in a fork (os.register_at_fork); numpy's global state does not.
     if "numpy" in sys.modules:
       sys.modules["numpy"].random.seed()
-    code = _run_module(request["module"], request["args"], request["argv0"])
+    code = _run_main(request.get("module"), script, request["args"], request["argv0"])
   except BaseException:  # pylint: disable=broad-except
     traceback.print_exc()
   finally:
@@ -81,12 +83,15 @@ def _run_child(request: dict, out_fd: int, server_fds: list) -> None:
     os._exit(code)  # pylint: disable=protected-access
 
 
-def _run_module(module: str, args: list, argv0: str) -> int:
-  """Runs `module` as __main__ and returns the exit code the interpreter would give."""
-  sys.argv = [argv0] + list(args)
+def _run_main(module: str, script: str, args: list, argv0: str) -> int:
+  """Runs `module` (or the file `script`) as __main__; returns the exit code python would."""
+  sys.argv = [script or argv0] + list(args)
   code = 0
   try:
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    if script:
+      runpy.run_path(script, run_name="__main__")
+    else:
+      runpy.run_module(module, run_name="__main__", alter_sys=True)
   except SystemExit as e:
     code = _exit_code(e.code)
   except BaseException:  # pylint: disable=broad-except

@@ -1,10 +1,11 @@
 """Starts a task process as a fork of the fork server (TensorFlow imported once), else by Popen.
 
 `start` returns either a `subprocess.Popen` or a `ForkedProcess` with the same surface (pid,
-stdout, poll, wait, returncode). A task is forked when its command is `python -m <module>` and
-its environment agrees with the server's (this process's, with LocalCluster's
-TF_CPP_MIN_LOG_LEVEL=1) on every variable read at import time (TF_*, OMP_*, MKL_*, KMP_*,
-PYTHON*; TF_CONFIG, PYTHONPATH and PYTHONUNBUFFERED may differ). Set
+stdout, poll, wait, returncode). A task is forked when its command is `python -m <module>` or
+`python <script.py>` and its environment equals the server's (this process's, with
+LocalCluster's TF_CPP_MIN_LOG_LEVEL=1) but for the variables read after the start: TF_CONFIG,
+PYTHONPATH, PYTHONUNBUFFERED, PYTEST_CURRENT_TEST and EPOCHSYNC_*. Any other difference (LD_PRELOAD, read when a
+process is exec'd; TF_CPP_*, read when TensorFlow is imported) gets a process of its own. Set
 EPOCHSYNC_TEST_FORK_SERVER=0 to start every task by Popen.
 
 Typical usage (inside hooks.testing.task_process._Task):
@@ -27,8 +28,9 @@ import time
 from typing import Mapping, Optional, Sequence, Union
 
 ENABLE_ENV = "EPOCHSYNC_TEST_FORK_SERVER"
-_IMPORT_TIME_PREFIXES = ("TF_", "OMP_", "MKL_", "KMP_", "PYTHON")
-_PER_TASK = frozenset({"TF_CONFIG", "PYTHONPATH", "PYTHONUNBUFFERED"})
+_PER_TASK = frozenset({"TF_CONFIG", "PYTHONPATH", "PYTHONUNBUFFERED",
+                       "PYTEST_CURRENT_TEST"})  # pytest's, changed at every test
+_PER_TASK_PREFIX = "EPOCHSYNC_"  # read by the project's code, which the server never imports
 _READY_TIMEOUT_SECS = 120.0
 _GONE_POLL_SECS = 0.1
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,7 +74,7 @@ class _ForkServer:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # as LocalCluster sets it
     env.pop(ENABLE_ENV, None)
-    self.env = {k: v for k, v in env.items() if k not in _PER_TASK}
+    self.env = {k: v for k, v in env.items() if not _per_task(k)}
     self._dir = tempfile.mkdtemp(prefix="epochsync-fork-")
     self.socket_path = os.path.join(self._dir, "fork.sock")
     server_env = dict(env, PYTHONPATH=_PROJECT_ROOT)
@@ -87,8 +89,7 @@ class _ForkServer:
       raise OSError(f"the fork server was not ready within {_READY_TIMEOUT_SECS:.0f} s")
 
   def agrees(self, env: Mapping[str, str]) -> bool:
-    keys = {k for k in set(env) | set(self.env)
-            if k.startswith(_IMPORT_TIME_PREFIXES) and k not in _PER_TASK}
+    keys = {k for k in set(env) | set(self.env) if not _per_task(k)}
     return all(env.get(k) == self.env.get(k) for k in keys)
 
   def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> ForkedProcess:
@@ -96,8 +97,9 @@ class _ForkServer:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
       conn.connect(self.socket_path)
-      request = {"module": argv[2], "args": list(argv[3:]), "argv0": argv[0], "env": dict(env),
-                 "cwd": cwd}
+      main = {"module": argv[2], "args": list(argv[3:])} if argv[1] == "-m" else {
+          "script": os.path.join(cwd, argv[1]), "args": list(argv[2:])}
+      request = dict(main, argv0=argv[0], env=dict(env), cwd=cwd)
       socket.send_fds(conn, [json.dumps(request).encode()], [write_fd])
       reply = conn.recv(4096)
       if not reply:
@@ -143,8 +145,7 @@ def start(argv: Sequence[str], env: Mapping[str, str],
 
 def _server_for(argv: Sequence[str], env: Mapping[str, str]) -> Optional[_ForkServer]:
   global _server, _server_failed
-  if (os.environ.get(ENABLE_ENV, "1") == "0" or len(argv) < 3 or argv[1] != "-m" or
-      argv[0] != sys.executable):
+  if os.environ.get(ENABLE_ENV, "1") == "0" or not _forkable(argv):
     return None
   with _lock:
     if _server is None and not _server_failed:
@@ -154,6 +155,17 @@ def _server_for(argv: Sequence[str], env: Mapping[str, str]) -> Optional[_ForkSe
       except OSError:
         _server_failed = True
     return _server if _server is not None and _server.agrees(env) else None
+
+
+def _per_task(key: str) -> bool:
+  return key in _PER_TASK or key.startswith(_PER_TASK_PREFIX)
+
+
+def _forkable(argv: Sequence[str]) -> bool:
+  """`python -m module ...` or `python script.py ...`, with no interpreter options."""
+  if len(argv) < 2 or argv[0] != sys.executable:
+    return False
+  return (argv[1] == "-m" and len(argv) >= 3) or argv[1].endswith(".py")
 
 
 def _exists(pid: int) -> bool:

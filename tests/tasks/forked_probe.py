@@ -21,7 +21,8 @@ import numpy as np
 def main() -> None:
   action = sys.argv[1]
   print(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
-                    "argv": sys.argv[1:], "tf_config": os.environ.get("TF_CONFIG"),
+                    "argv": sys.argv[1:], "path0": sys.path[0],
+                    "main_file": os.path.abspath(sys.modules["__main__"].__file__), "tf_config": os.environ.get("TF_CONFIG"),
                     "random": random.random(), "np_random": float(np.random.random())}),
         flush=True)
   if action == "exit":
