@@ -32,6 +32,7 @@ _PER_TASK = frozenset({"TF_CONFIG", "PYTHONPATH", "PYTHONUNBUFFERED",
                        "PYTEST_CURRENT_TEST"})  # pytest's, changed at every test
 _PER_TASK_PREFIX = "EPOCHSYNC_"  # read by the project's code, which the server never imports
 _READY_TIMEOUT_SECS = 120.0
+_REPLY_TIMEOUT_SECS = 60.0
 _GONE_POLL_SECS = 0.1
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -95,6 +96,7 @@ class _ForkServer:
   def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> ForkedProcess:
     read_fd, write_fd = os.pipe()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.settimeout(_REPLY_TIMEOUT_SECS)  # a fork takes milliseconds; a stuck server: Popen
     try:
       conn.connect(self.socket_path)
       main = {"module": argv[2], "args": list(argv[3:])} if argv[1] == "-m" else {
@@ -104,6 +106,7 @@ class _ForkServer:
       reply = conn.recv(4096)
       if not reply:
         raise OSError("the fork server closed the connection without forking")
+      conn.settimeout(None)  # the exit status comes when the task ends
     except OSError:
       conn.close()
       os.close(read_fd)
