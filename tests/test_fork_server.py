@@ -9,12 +9,14 @@ import sys
 import pytest
 
 from hooks.testing import forked_process
+from hooks.testing.local_cluster import PS_COMMAND, LocalCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _env(**extra):
-  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="1", PYTHONUNBUFFERED="1")
+  env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # as LocalCluster sets it
   env.pop(forked_process.ENABLE_ENV, None)
   env.update(extra)
   return env
@@ -85,16 +87,18 @@ def test_the_exit_waits_for_non_daemon_threads_then_runs_atexit():
 
 @pytest.mark.parametrize("variable", [
     {"TF_CPP_MIN_LOG_LEVEL": "0"},  # read when TensorFlow is imported: the server has
-    {"LD_PRELOAD": ""},  # read when a process is exec'd: a fork never is
-    {"SOME_SETTING": "x"}])  # anything else unknown
-def test_an_environment_that_differs_but_for_per_task_settings_gets_a_process_of_its_own(
-    variable):
-  first = _start("exit", "0", EPOCHSYNC_NUM_EPOCHS="3")
-  _finish(first)
-  assert isinstance(first, forked_process.ForkedProcess)
+    {"LD_PRELOAD": ""}])  # read when a process is exec'd: a fork never is
+def test_a_variable_read_before_the_tasks_code_that_differs_gets_a_process_of_its_own(variable):
   other = _start("exit", "0", **variable)
   assert isinstance(other, subprocess.Popen)
   _finish(other)
+
+
+def test_a_variable_read_at_run_time_is_the_forked_tasks_own():
+  proc = _start("exit", "0", GRPC_FAIL_FAST="true", EPOCHSYNC_NUM_EPOCHS="3")
+  assert isinstance(proc, forked_process.ForkedProcess)
+  view, _ = _finish(proc)
+  assert view["env"] == {"GRPC_FAIL_FAST": "true", "EPOCHSYNC_NUM_EPOCHS": "3"}
 
 
 def test_the_switch_turns_the_fork_server_off(monkeypatch):
@@ -103,3 +107,17 @@ def test_the_switch_turns_the_fork_server_off(monkeypatch):
   assert isinstance(proc, subprocess.Popen)
   _finish(proc)
   assert proc.returncode == 4
+
+
+@pytest.mark.cluster
+def test_a_local_clusters_tasks_are_forks_of_the_server_not_children_of_this_process():
+  with LocalCluster(num_workers=2, timeout_secs=60) as cluster:
+    cluster.start(list(PS_COMMAND))  # every task serves: nothing to wait for
+    parents = {name: _parent(pid) for name, pid in cluster.pids.items()}
+  assert os.getpid() not in parents.values(), parents
+  assert len(set(parents.values())) == 1  # the fork server
+
+
+def _parent(pid: int) -> int:
+  with open(f"/proc/{pid}/stat") as f:
+    return int(f.read().rsplit(")", 1)[1].split()[1])

@@ -2,10 +2,13 @@
 
 `start` returns either a `subprocess.Popen` or a `ForkedProcess` with the same surface (pid,
 stdout, poll, wait, returncode). A task is forked when its command is `python -m <module>` or
-`python <script.py>` and its environment equals the server's (this process's, with
-LocalCluster's TF_CPP_MIN_LOG_LEVEL=1) but for the variables read after the start: TF_CONFIG,
-PYTHONPATH, PYTHONUNBUFFERED, PYTEST_CURRENT_TEST and EPOCHSYNC_*. Any other difference (LD_PRELOAD, read when a
-process is exec'd; TF_CPP_*, read when TensorFlow is imported) gets a process of its own. Set
+`python <script.py>` and its environment agrees with the server's (this process's at the
+server's start, with LocalCluster's TF_CPP_MIN_LOG_LEVEL=1) on every variable read before a
+task's own code runs, which a fork would not read again: the dynamic linker's (LD_*), the
+interpreter's (PYTHON*), TensorFlow's import's (TF_*), the C and math libraries' (MALLOC_*,
+GLIBC_*, OMP_*, KMP_*, MKL_*, CUDA_*); TF_CONFIG, PYTHONPATH and PYTHONUNBUFFERED are applied
+per task. A task that differs in one of them gets a process of its own; any other variable
+(GRPC_*, EPOCHSYNC_*, ...) is the task's own, read at run time. Set
 EPOCHSYNC_TEST_FORK_SERVER=0 to start every task by Popen.
 
 Typical usage (inside hooks.testing.task_process._Task):
@@ -28,9 +31,8 @@ import time
 from typing import Mapping, Optional, Sequence, Union
 
 ENABLE_ENV = "EPOCHSYNC_TEST_FORK_SERVER"
-_PER_TASK = frozenset({"TF_CONFIG", "PYTHONPATH", "PYTHONUNBUFFERED",
-                       "PYTEST_CURRENT_TEST"})  # pytest's, changed at every test
-_PER_TASK_PREFIX = "EPOCHSYNC_"  # read by the project's code, which the server never imports
+_READ_AT_START = ("LD_", "PYTHON", "TF_", "MALLOC_", "GLIBC_", "OMP_", "KMP_", "MKL_", "CUDA_")
+_PER_TASK = frozenset({"TF_CONFIG", "PYTHONPATH", "PYTHONUNBUFFERED"})
 _READY_TIMEOUT_SECS = 120.0
 _REPLY_TIMEOUT_SECS = 60.0
 _GONE_POLL_SECS = 0.1
@@ -75,7 +77,7 @@ class _ForkServer:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # as LocalCluster sets it
     env.pop(ENABLE_ENV, None)
-    self.env = {k: v for k, v in env.items() if not _per_task(k)}
+    self.env = {k: v for k, v in env.items() if _read_at_start(k)}
     self._dir = tempfile.mkdtemp(prefix="epochsync-fork-")
     self.socket_path = os.path.join(self._dir, "fork.sock")
     server_env = dict(env, PYTHONPATH=_PROJECT_ROOT)
@@ -90,7 +92,7 @@ class _ForkServer:
       raise OSError(f"the fork server was not ready within {_READY_TIMEOUT_SECS:.0f} s")
 
   def agrees(self, env: Mapping[str, str]) -> bool:
-    keys = {k for k in set(env) | set(self.env) if not _per_task(k)}
+    keys = {k for k in env if _read_at_start(k)} | set(self.env)
     return all(env.get(k) == self.env.get(k) for k in keys)
 
   def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> ForkedProcess:
@@ -160,8 +162,8 @@ def _server_for(argv: Sequence[str], env: Mapping[str, str]) -> Optional[_ForkSe
     return _server if _server is not None and _server.agrees(env) else None
 
 
-def _per_task(key: str) -> bool:
-  return key in _PER_TASK or key.startswith(_PER_TASK_PREFIX)
+def _read_at_start(key: str) -> bool:
+  return key.startswith(_READ_AT_START) and key not in _PER_TASK
 
 
 def _forkable(argv: Sequence[str]) -> bool:

@@ -23,6 +23,8 @@ def main() -> None:
   print(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
                     "argv": sys.argv[1:], "path0": sys.path[0],
                     "main_file": os.path.abspath(sys.modules["__main__"].__file__), "tf_config": os.environ.get("TF_CONFIG"),
+                    "env": {k: os.environ[k] for k in ("GRPC_FAIL_FAST", "EPOCHSYNC_NUM_EPOCHS")
+                            if k in os.environ},
                     "random": random.random(), "np_random": float(np.random.random())}),
         flush=True)
   if action == "exit":
