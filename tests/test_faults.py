@@ -14,7 +14,7 @@ import pytest
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import assert_equals_oracle, wait_for_epochs
+from cluster_checks import assert_equals_oracle, names_the_dead, wait_for_epochs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -51,8 +51,7 @@ def _assert_every_survivor_names(result, victim, killed_at):
         f"{task.name} exited {task.ended_at - killed_at:.1f} s after the kill")
     print(f"fault: {victim} killed; {task.name} exited {task.ended_at - killed_at:.2f} s later")
     log = task.log
-    assert "TaskDiedError" in log and f"{victim} died while {task.name} waited for it" in log, (
-        task.tail(30))
+    assert names_the_dead(log, task.name, victim), task.tail(30)
     assert "StepTimeoutError" not in log and "BarrierTimeoutError" not in log
     assert "missing worker" not in log  # nobody blames a live worker
   return survivors
@@ -185,7 +184,7 @@ def test_an_asynchronous_step_that_never_returns_ends_its_process_and_the_job(tm
     task = result.tasks[name]
     assert task.returncode not in (0, None) and not task.timed_out, task.tail(30)
     assert task.ended_at - stuck.ended_at < DETECT_SECS, (name, task.ended_at - stuck.ended_at)
-    assert "worker:2 died while" in task.log, task.tail(30)
+    assert names_the_dead(task.log, name, "worker:2"), task.tail(30)
     assert "BarrierTimeoutError" not in task.log
 
 

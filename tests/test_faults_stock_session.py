@@ -23,7 +23,7 @@ import pytest
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import assert_audit_exact
+from cluster_checks import assert_audit_exact, names_the_dead
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -131,8 +131,7 @@ def _assert_every_survivor_names(result, victim, killed_at):
           f"({log.count(CREATE_FAILED)} failed CreateSession calls)")
     # The victim is the dead task, or named beside it ("also gone: ...") by a task that found
     # the chief gone too (the chief exits at once when it finds the victim dead).
-    named = [line for line in log.splitlines() if f"died while {task.name} waited for it" in line]
-    assert "TaskDiedError" in log and any(victim in line for line in named), task.tail(30)
+    assert names_the_dead(log, task.name, victim), task.tail(30)
     assert "missing worker" not in log  # nobody blames a live worker
   return survivors
 
