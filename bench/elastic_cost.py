@@ -20,12 +20,11 @@ rejoin. Every task, the relaunched one too, is forked from a process that import
 once (hooks.testing.fork_server), as a relaunched pod pays its import on its own node's CPU,
 not on the survivors'; EPOCHSYNC_TEST_FORK_SERVER=0 has each task import it on these cores.
 Two jobs' start-ups differ by a second or more from run to run, as much as the loss itself;
-so each job's training span is timed
-too, from epoch 0's end to the last epoch's end (the audit's releases: the kill is in epoch 1),
-and span_loss = span - uninterrupted's span: the same loss without the start-up's noise. Its
-bound is the detection plus one unit's time (unit_secs: a unit's batches at the uninterrupted
-job's pace per worker). Stop-and-relaunch loses every task's work since the
-newest checkpoint plus a whole job's restart. With a save period P, that work is P/2 on
+so each job's training span is timed too, from epoch 0's end to the last epoch's end (the
+audit's releases: the kill is in epoch 1), and span_loss = span - uninterrupted's span: the
+same loss without the start-up's noise. Its bound is the detection plus one unit's time
+(unit_secs: a unit's batches at the uninterrupted job's pace per worker). Stop-and-relaunch
+loses every task's work since the newest checkpoint plus a whole job's restart. With a save period P, that work is P/2 on
 average: the JSON gives the measured loss plus P/2 for P = 600 s, and its ratio to the elastic
 loss (at least the detection: a loss below it is the runs' noise).
 

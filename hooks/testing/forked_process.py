@@ -31,6 +31,8 @@ import time
 from typing import Mapping, Optional, Sequence, Union
 
 ENABLE_ENV = "EPOCHSYNC_TEST_FORK_SERVER"
+# What LocalCluster gives every task unless told otherwise; the server imports with the same.
+TASK_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "1", "PYTHONUNBUFFERED": "1"}
 _READ_AT_START = ("LD_", "PYTHON", "TF_", "MALLOC_", "GLIBC_", "OMP_", "KMP_", "MKL_", "CUDA_")
 _PER_TASK = frozenset({"TF_CONFIG", "PYTHONPATH", "PYTHONUNBUFFERED"})
 _READY_TIMEOUT_SECS = 120.0
@@ -74,8 +76,7 @@ class _ForkServer:
   """The fork server process this process started, and the environment it imported with."""
 
   def __init__(self):
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # as LocalCluster sets it
+    env = dict(TASK_ENV_DEFAULTS, **os.environ)
     env.pop(ENABLE_ENV, None)
     self.env = {k: v for k, v in env.items() if _read_at_start(k)}
     self._dir = tempfile.mkdtemp(prefix="epochsync-fork-")

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import portpicker
 
+from hooks.testing import forked_process
 from hooks.testing.task_process import ClusterResult, TaskResult, _Task, _signal_group
 
 __all__ = ["LocalCluster", "TaskResult", "ClusterResult", "run_cluster", "PS_COMMAND"]
@@ -147,8 +148,8 @@ class LocalCluster:
     env.update(self._env)
     env["TF_CONFIG"] = self.tf_config(task_type, int(index))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    for variable, value in forked_process.TASK_ENV_DEFAULTS.items():
+      env.setdefault(variable, value)
     log_path = os.path.join(self.log_dir, name.replace(":", "-") + ".log")
     self._tasks[name] = _Task(name, argv, env, log_path, self.stream_logs, self._on_line)
 
