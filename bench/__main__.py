@@ -7,12 +7,12 @@
                              resume's skip and save, the work queue with a half-speed worker,
                              its synchronous steps on Zipf-sized files, the cost of a claim,
                              the elastic gate's and a lost worker's, asynchronous and
-                             synchronous (about 75 minutes more)
+                             synchronous, with and without a spare (about 105 minutes more)
   ./es bench --only=barrier  one of: step_overhead, barrier, barrier_floor, uneven, growth,
                              sizes, ctr, async, startup_scaling, input_overhead, resume_cost,
                              save_stall, run_cost, work_queue, work_queue_sync, claim_cost,
                              step_runner_cost, queue_step_cost, elastic_gate, elastic_cost,
-                             elastic_sync, elastic_sync_step
+                             elastic_sync, elastic_sync_step, elastic_spare, elastic_spare_sync
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
@@ -69,6 +69,10 @@ _FULL = {
     "elastic_sync_step": ("bench.elastic_cost", ["--sync", "--step_cost_only",
                                                  "--step_sleep_secs=0", "--repetitions=5",
                                                  "--output={out}.json"]),
+    "elastic_spare": ("bench.elastic_cost", ["--spare_workers=1", "--repetitions=7",
+                                             "--output={out}.json"]),
+    "elastic_spare_sync": ("bench.elastic_cost", ["--sync", "--spare_workers=1",
+                                                  "--repetitions=5", "--output={out}.json"]),
 }
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),

@@ -28,9 +28,15 @@ loses every task's work since the newest checkpoint plus a whole job's restart. 
 average: the JSON gives the measured loss plus P/2 for P = 600 s, and its ratio to the elastic
 loss (at least the detection: a loss below it is the runs' noise).
 
+With --spare_workers=K the two elastic jobs run K spare workers besides the 4
+(--epochsync_spare_workers): a spare stands by, and joins in place of worker:2 when the chief
+finds it lost; the relaunched worker:2 then stands by. The JSON gives the seconds from the kill
+to the spare's join (spare_joined_secs).
+
 Typical usage:
   python -m bench.elastic_cost --repetitions=3 --output=bench/results/elastic_cost.json
   python -m bench.elastic_cost --sync --repetitions=3 --output=bench/results/elastic_sync.json
+  python -m bench.elastic_cost --spare_workers=1 --output=bench/results/elastic_spare.json
 """
 
 import os
@@ -61,12 +67,18 @@ _SYNC = flags.DEFINE_bool("sync", False, "Synchronous training (a sync optimizer
 _STEP_COST = flags.DEFINE_bool("step_cost_only", False, "With --sync: only `plain` and "
                                "`uninterrupted`, to time elastic synchronous steps (use with "
                                "--step_sleep_secs=0).")
+_SPARES = flags.DEFINE_integer("spare_workers", 0, "The elastic jobs (uninterrupted and "
+                               "elastic) get this many spare workers besides the 4 "
+                               "(--epochsync_spare_workers); stop-and-relaunch has none.",
+                               lower_bound=0)
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 
 _TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_task.py")
 _WORKERS, _VICTIM = 4, "worker:2"
 _PERIOD_SECS = 600.0  # the save period the comparison is stated for
 _LOST_AT = re.compile(r"^W\d{4} (\d\d):(\d\d):(\d\d\.\d+) .* is lost in epoch", re.M)
+_SPARE_JOINED = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .* joined epoch \d+ \(a spare, in "
+                           r"place of a lost worker\)", re.M)
 
 
 def _command(model_dir: str, elastic: bool) -> List[str]:
@@ -75,6 +87,7 @@ def _command(model_dir: str, elastic: bool) -> List[str]:
           f"--epochsync_num_epochs={_EPOCHS.value}",
           f"--epochsync_sync={str(_SYNC.value).lower()}",
           f"--epochsync_elastic={str(elastic).lower()}",
+          f"--epochsync_spare_workers={_SPARES.value if elastic else 0}",
           f"--epochsync_save_checkpoint_secs={0 if elastic else _SAVE_SECS.value}",
           f"--step_sleep_secs={_SLEEP.value}"]
 
@@ -102,12 +115,24 @@ def _found_after(cluster: LocalCluster, killed_at: float) -> Optional[float]:
   return time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s) - killed_at
 
 
+def _spare_joined_after(cluster: LocalCluster, killed_at: float) -> Optional[float]:
+  """Seconds from the kill to a spare's line that it joined in the victim's place."""
+  for index in range(_WORKERS, _WORKERS + _SPARES.value):
+    found = _SPARE_JOINED.search(open(os.path.join(cluster.log_dir, f"worker-{index}.log")).read())
+    if found:
+      day = time.localtime(killed_at)
+      h, m, s = found.groups()
+      return time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s) - killed_at
+  return None
+
+
 def _job(kind: str) -> Dict[str, float]:
   """One job of `kind`; its wall seconds (and the kill's timings)."""
   model_dir = tempfile.mkdtemp(prefix=f"epochsync-bench-elastic-{kind}-")
   start, row = time.monotonic(), {}
   logs = os.path.join(model_dir, "logs")
-  with LocalCluster(num_workers=_WORKERS, timeout_secs=600, fail_fast_secs=None,
+  spares = _SPARES.value if kind in ("uninterrupted", "elastic") else 0
+  with LocalCluster(num_workers=_WORKERS + spares, timeout_secs=600, fail_fast_secs=None,
                     log_dir=logs) as cluster:
     cluster.start(_command(model_dir, kind not in ("stop_relaunch", "plain")))
     if kind not in ("uninterrupted", "plain"):
@@ -120,6 +145,9 @@ def _job(kind: str) -> Dict[str, float]:
     result = cluster.wait()
     if kind == "elastic":
       row["detection_secs"] = round(_found_after(cluster, killed_at), 3)
+      if spares:
+        joined = _spare_joined_after(cluster, killed_at)
+        row["spare_joined_secs"] = None if joined is None else round(joined, 3)
   codes = {n: r.returncode for n, r in result.tasks.items()}
   if kind != "stop_relaunch":
     if any(codes.values()):
@@ -199,10 +227,14 @@ def main(argv):
   if _SYNC.value:
     for key in ("elastic_over_plain", "step_over_plain"):
       summary[key] = statistics.median(r[key] for r in runs)
+  joins = [r["elastic"].get("spare_joined_secs") for r in runs]
+  if _SPARES.value and None not in joins:
+    summary["spare_joined_secs"] = statistics.median(joins)
   print("medians:", summary, flush=True)
   common.write_results(_OUTPUT.value, {"runs": runs, "medians": summary}, sys.argv,
                        workers=_WORKERS, total_batches=_TOTAL.value, unit_batches=_UNIT.value,
-                       epochs=_EPOCHS.value, step_sleep_secs=_SLEEP.value, sync=_SYNC.value)
+                       epochs=_EPOCHS.value, step_sleep_secs=_SLEEP.value, sync=_SYNC.value,
+                       spare_workers=_SPARES.value)
 
 
 if __name__ == "__main__":

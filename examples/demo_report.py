@@ -47,6 +47,9 @@ def epoch_table(audit: Sequence[dict]) -> List[str]:
       if s.get("lost"):  # elastic: the chief arrived for it
         cells.append(f"{'lost':>8} ({s['batches']} batches)".ljust(width))
         continue
+      if s.get("spare"):  # elastic: a spare standing by, arrived for by the chief
+        cells.append(f"{'spare':>8} (idle)".ljust(width))
+        continue
       cells.append(f"{s['examples']:>8} {s['arrived_at'] - s['started_at']:6.2f} "
                    f"{s['barrier_wait_secs']:6.2f}".ljust(width))
     attempts = line.get("attempts", [])

@@ -57,15 +57,16 @@ class LocalQueue:
     return tuple(int(x) for x in self.session.run(ops.result, {ops.epoch: epoch,
                                                                ops.worker: worker}))
 
-  def join(self, epoch, worker, token=7):
-    """A relaunched `worker`'s join at `epoch` (elastic): JOINED, NOT_FENCED or CLOSED."""
-    return self.join_and_held(epoch, worker, token)[0]
+  def join(self, epoch, worker, token=7, spares=0):
+    """A relaunched `worker`'s (or a spare's) join at `epoch` (elastic), in a job of `spares`
+    spares: JOINED, NOT_FENCED, CLOSED or FULL."""
+    return self.join_and_held(epoch, worker, token, spares)[0]
 
-  def join_and_held(self, epoch, worker, token=7):
+  def join_and_held(self, epoch, worker, token=7, spares=0):
     """(the join's answer, its earlier process's batches of `epoch` in the model)."""
     ops = self.ops.membership
     answer, held = self.session.run(ops.join, {ops.epoch: epoch, ops.worker: worker,
-                                               ops.token: token})
+                                               ops.token: token, ops.spares: spares})
     return int(answer), int(held)
 
   def still_lost(self, epoch, worker):

@@ -81,6 +81,26 @@ def test_the_demo_with_work_units_prints_who_trained_which_unit(tmp_path):
     assert sum(map(int, rows)) == 27, table
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_elastic_demo_with_a_spare_loses_worker_1_and_the_spare_takes_its_place(tmp_path):
+  """docs/elastic.md's demo with a spare: worker:1 SIGKILLed inside its first unit, worker:2
+  (the spare) joins in its place; the table marks worker:1 lost and shows worker:2's units."""
+  out = subprocess.run(
+      [sys.executable, "-m", "examples.local_cluster", "--work_units",
+       "--shard_batches=90,70,80,60,90,50", "--num_epochs=2", "--lose_worker=worker:1",
+       "--lose_after_secs=1", f"--model_dir={tmp_path / 'run'}", "--timeout_secs=150", "--",
+       "--epochsync_sync=false", "--epochsync_elastic", "--epochsync_spare_workers=1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=180)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "worker:2 joined epoch 0 (a spare, in place of a lost worker)" in out.stdout or (
+      "a spare standing by (worker:2) joins in its place" in out.stdout), out.stdout[-3000:]
+  table = out.stdout.split("units per epoch and worker, in the order each took them")[1]
+  assert re.search(r"epoch 1 worker:2 .*= \d+ batches", table), table
+  assert not re.search(r"epoch 1 worker:1 ", table), table
+
+
 def test_exports():
   assert sorted(demo.__all__) == ["epoch_table", "progress_printer", "unit_table"]
 

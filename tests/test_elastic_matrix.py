@@ -5,8 +5,10 @@ tests/tasks/estimator_task.py) and mode (asynchronous, synchronous), training th
 queue with --epochsync_elastic, 3 workers beside the chief, 1 ps: the seed draws the units, the
 fault and its victims, and the moment inside a unit. The faults, in turn: a worker killed;
 frozen (SIGSTOP, woken after the chief took its unit back); killed and relaunched (it rejoins);
-killed, relaunched, killed and relaunched again; two killed at once. Every surviving task exits
-0 and every epoch's audit lists every unit once with all its batches and examples.
+killed, relaunched, killed and relaunched again; two killed at once; killed and relaunched with
+a spare standing by (a 5th task, --epochsync_spare_workers=1: the spare takes its place, and
+the relaunched process stands by, or the other way round if it asks first). Every surviving
+task exits 0 and every epoch's audit lists every unit once with all its batches and examples.
 Asynchronous: the global step is the epochs' batches, less at most one per kill (a killed
 worker's batch that passed its gate may not have reached the model; a frozen one loses none).
 Synchronous through MonitoredTrainingSession: the model equals the oracle of the steps the
@@ -31,8 +33,8 @@ from elastic_checks import assert_equals_the_oracle, wait_for
 pytestmark = [pytest.mark.cluster]
 
 TASKS = os.path.join(os.path.dirname(__file__), "tasks")
-FAULTS = ("killed", "frozen", "relaunched", "twice", "two_at_once")
-_EPOCHS = {"killed": 2, "frozen": 2, "two_at_once": 2, "relaunched": 6, "twice": 10}
+FAULTS = ("killed", "frozen", "relaunched", "twice", "two_at_once", "spare")
+_EPOCHS = {"killed": 2, "frozen": 2, "two_at_once": 2, "relaunched": 6, "twice": 10, "spare": 4}
 
 
 def _log(logs: str, task: str) -> str:
@@ -78,11 +80,16 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
               f"--epochsync_step_timeout_secs={12 if sync else 6}"]
   if sync and front == "mts":
     command.append(f"--record_steps_dir={tmp_path}")
+  spare = None
+  if fault == "spare":  # the last task stands by
+    spare = "worker:4" if front == "mts" else "worker:3"
+    command.append("--epochsync_spare_workers=1")
   print(f"elastic seed {seed} ({front}, {mode}): {fault} {victims}, units {units}, "
         f"{epochs} epochs")
   deadline = time.monotonic() + 360
   kills = 0
-  with LocalCluster(num_workers=4, has_chief=front == "estimator", timeout_secs=360,
+  with LocalCluster(num_workers=5 if spare else 4, has_chief=front == "estimator",
+                    timeout_secs=360,
                     fail_fast_secs=None, log_dir=logs) as cluster:
     cluster.start(command, per_task_args={v: slow for v in victims})
     _wait_for(logs, victims[0], re.escape(victims[0]) + r" took unit \d+ .* in epoch 0", deadline)
@@ -95,7 +102,7 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
       for victim in victims:
         cluster.kill_task(victim)
         kills += 1
-    if fault in ("relaunched", "twice"):
+    if fault in ("relaunched", "twice", "spare"):
       _relaunch(cluster, victims[0], deadline)
     if fault == "twice":
       seen = _wait_for(logs, victims[0], "rejoined the running job", deadline)
@@ -106,7 +113,7 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
       _relaunch(cluster, victims[0], deadline)
     result = cluster.wait()
   codes = {name: r.returncode for name, r in result.tasks.items()}
-  ended = {chief: 0, **{n: 0 for n in names}}
+  ended = {chief: 0, **{n: 0 for n in names + ([spare] if spare else [])}}
   if fault in ("killed", "two_at_once"):
     ended.update({v: -9 for v in victims})
   if fault == "frozen":
@@ -121,9 +128,17 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
       assert u["batches"] == units[u["index"]] and u["examples"] == units[u["index"]] * batch, u
   # Lost in epoch 0: the chief arrived for it, or a relaunched process joined epoch 0 itself.
   found = audit[0].get("lost_workers", []) + audit[0].get("rejoined_workers", [])
-  assert sorted(found) == sorted(victims), audit[0]
+  assert sorted(set(found) - {spare}) == sorted(victims), audit[0]
   if fault in ("relaunched", "twice"):
     assert "lost_workers" not in audit[-1], audit[-1]  # a member again at the end
+  if spare:  # one of the two joined; the other stood by to the end and exited 0
+    joined = [t for t in (spare, victims[0]) if re.search(
+        re.escape(t) + r" joined epoch \d+ ", _log(logs, t))]
+    assert len(joined) == 1, joined
+    other = victims[0] if joined == [spare] else spare
+    assert f"{other} stands by as a spare" in _log(logs, other), _log(logs, other)[-3000:]
+    assert audit[-1].get("lost_workers", []) + audit[-1].get("spare_workers", []) == [other], (
+        audit[-1])
   if sync:
     if front == "mts":
       assert_equals_the_oracle(str(tmp_path), audit, units, batch)

@@ -181,6 +181,24 @@ def test_a_relaunched_worker_joins_at_the_first_epoch_whose_barrier_the_chief_le
   assert queue.still_lost(2, worker=1) and queue.join(2, worker=1) == CLOSED
 
 
+def test_a_spare_joins_only_in_place_of_a_lost_worker_and_a_relaunch_then_finds_the_job_full():
+  queue = LocalQueue(units=4, workers=4, elastic=True)  # worker 3 is the spare
+  JOINED, FULL = queue_graph.JOINED, queue_graph.FULL
+  queue.reclaim(0, worker=3)  # the chief fences the spare at the run's start
+  assert queue.still_lost(-1, worker=3)  # the start barrier: it asks about the epoch before
+  assert queue.join(0, worker=3, spares=1) == FULL  # nobody else is fenced: it stands by
+  assert queue.join(0, worker=3, spares=0) == JOINED  # (no spares: a plain relaunch joins)
+  queue.reclaim(0, worker=3)  # fenced again, as a spare
+  unit = queue.claim(0, worker=1, seq=0, at=0)
+  queue.reclaim(0, worker=1)  # worker 1 is lost
+  assert queue.join(0, worker=3, spares=1) == JOINED  # the spare takes its place in epoch 0
+  assert queue.claim(0, worker=3, seq=0, at=0) == unit  # and resumes its unit first
+  assert queue.join(0, worker=1, token=9, spares=1) == FULL  # worker 1's relaunch stands by
+  queue.reclaim(0, worker=2)  # another worker lost: the relaunch joins in its place
+  assert queue.join(0, worker=1, token=9, spares=1) == JOINED
+  assert queue.join(0, worker=2, token=5, spares=1) == FULL
+
+
 def test_an_epoch_whose_gather_found_the_worker_still_fenced_is_closed_to_its_join():
   queue = LocalQueue(units=4, workers=3, elastic=True)
   queue.claim(0, worker=1, seq=0)

@@ -85,3 +85,17 @@ def test_two_sync_optimizers_are_refused(graph):
   group = AggregationGroup([_sync_hook(epoch_input), _sync_hook(epoch_input, "second")])
   with pytest.raises(ConfigError, match="takes one sync optimizer, not 2"):
     epoch_sync_hooks(CHIEF, epoch_input, settings, sync_hook=group)
+
+
+def test_spare_workers_are_the_last_worker_ids_and_the_chief_is_never_one(graph):
+  settings = EpochSyncSettings(num_epochs=1, sync=False, elastic=True, save_checkpoint_secs=0,
+                               spare_workers=1)
+  hooks = epoch_sync_hooks(CHIEF, _queue_input(settings), settings)
+  watch = next(h for h in hooks if isinstance(h, LostWorkerWatch))
+  assert list(watch._spare_ids) == [1]  # worker:0, id 1 of chief:0 and worker:0
+  too_many = EpochSyncSettings(num_epochs=1, sync=False, elastic=True, save_checkpoint_secs=0,
+                               spare_workers=2)
+  with tf.Graph().as_default(), pytest.raises(
+      ConfigError, match=r"--epochsync_spare_workers=2 leaves no task to train among the job's "
+                         r"2 chief and worker tasks"):
+    epoch_sync_hooks(CHIEF, _queue_input(too_many), too_many)

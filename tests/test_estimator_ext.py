@@ -92,6 +92,8 @@ class TestEpochSyncRunConfig:
             config.settings.step_timeout_secs) == (4, False, 7)
     assert estimator_ext.EpochSyncRunConfig(num_epochs=2, sync=True).settings == dataclass_with(
         config.settings, num_epochs=2, sync=True)  # Arguments win over flags.
+    spare = estimator_ext.EpochSyncRunConfig(elastic=True, spare_workers=1).settings
+    assert (spare.elastic, spare.spare_workers) == (True, 1)  # docs/elastic.md's spares
 
   @pytest.mark.parametrize("kwargs, fix", [
       (dict(save_checkpoints_steps=100, save_checkpoints_secs=60),

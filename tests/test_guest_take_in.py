@@ -18,7 +18,7 @@ class _Guest:
     self.started_answers, self.join_answers = list(started_answers), list(join_answers)
     self.calls = []
 
-  def join(self, session, epoch):
+  def join(self, session, epoch, spares=0):
     self.calls.append(("join", epoch))
     return self.join_answers.pop(0)
 
@@ -97,7 +97,7 @@ def test_a_join_the_chief_is_not_ready_for_is_tried_again():
 
 def test_an_asynchronous_worker_arrives_itself_from_its_join_on():
   barrier = _Barrier()
-  claims = types.SimpleNamespace(join=lambda session, epoch: (JOINED, 6))
+  claims = types.SimpleNamespace(join=lambda session, epoch, spares: (JOINED, 6))
   rejoin = Rejoin(types.SimpleNamespace(task_name="worker:1", claims=claims), barrier)
   assert rejoin(None) is None and not rejoin.pending
   assert barrier.rejoined == [(2, 6)]

@@ -51,6 +51,8 @@ class EpochSyncSettings:
     claim_timeout_secs: `float` how long a work queue's claim may go unanswered, > 0.
     elastic: `bool` a lost worker does not stop the job: the chief takes its unit back and the
       others go on (training through a work queue; docs/elastic.md).
+    spare_workers: `int` with `elastic`, the job's last this many worker tasks stand by as
+      spares and join in place of lost workers, >= 0 (docs/elastic.md).
 
   Raises:
     ConfigError: listing every invalid field with its value, the rule and the flag that sets it.
@@ -72,6 +74,7 @@ class EpochSyncSettings:
   unit_shuffle: bool = True
   claim_timeout_secs: float = 600.0
   elastic: bool = False
+  spare_workers: int = 0
 
   def __post_init__(self):
     problems = []
@@ -108,4 +111,9 @@ class EpochSyncSettings:
     _validate("unit_shuffle", is_bool, "must be True or False")
     _validate("claim_timeout_secs", _positive_secs, secs)
     _validate("elastic", is_bool, "must be True or False")
+    _validate("spare_workers", lambda v: isinstance(v, int) and not is_bool(v) and v >= 0,
+              "must be an integer >= 0")
+    _validate("spare_workers", lambda v: not (isinstance(v, int) and v > 0 and not self.elastic),
+              "needs elastic=True (--epochsync_elastic): a spare joins in place of a lost "
+              "worker, and only an elastic job goes on without one")
     raise_if_problems(problems, "EpochSyncSettings")

@@ -5,11 +5,15 @@ replaces it rejoins the running job (hooks.elastic.rejoin) when its earlier proc
 the run. If that process was lost before it joined (so this one was not refused at the run's
 start), this one would arrive at the start barrier of a job that no longer counts it: it ends
 at once with WorkerFencedError instead, before the barrier; relaunched once more, it rejoins.
+A process that found the job's epochs all trained (a spare standing by to the end, or a
+relaunch after the last epoch; `rejoin.finished`) ends without a step and is not refused.
 
 Typical usage (hooks.session.wiring adds it on every other worker with --epochsync_elastic,
 before the barrier):
-  hooks.append(FenceCheckHook(queue))
+  hooks.append(FenceCheckHook(queue, rejoin))
 """
+
+from typing import Any
 
 import tensorflow as tf
 
@@ -19,10 +23,12 @@ __all__ = ["FenceCheckHook"]
 
 
 class FenceCheckHook(tf.compat.v1.train.SessionRunHook):
-  """Raises WorkerFencedError at session creation if this worker is fenced in `queue`."""
+  """Raises WorkerFencedError at session creation if this worker is fenced in `queue`, unless
+  its `rejoin` (hooks.elastic.Rejoin) found the job finished."""
 
-  def __init__(self, queue: UnitPasses):
-    self._queue = queue
+  def __init__(self, queue: UnitPasses, rejoin: Any = None):
+    self._queue, self._rejoin = queue, rejoin
 
   def after_create_session(self, session, coord):
-    self._queue.claims.raise_if_fenced(session)
+    if self._rejoin is None or not self._rejoin.finished:
+      self._queue.claims.raise_if_fenced(session)

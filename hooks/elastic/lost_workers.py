@@ -65,6 +65,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     period_secs: `float`, how often the workers are probed (default: `probe_period_secs`).
     on_lost: `(session, worker_id) -> None`, after the reclaim (synchronous: the chief sends
       the marker the lost worker owes; hooks.session.elastic_sync).
+    spare_ids: the worker ids of the spares (--epochsync_spare_workers): fenced and arrived for
+      from the run's start, as lost ones, until one joins in place of a lost worker.
     membership: the queue's MembershipOps to ask at each gather (synchronous: the sync
       optimizer's, which cancels a guest's join no step took in yet); default: the queue's.
   """
@@ -72,13 +74,16 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
   def __init__(self, queue: UnitPasses, barrier, monitor: LivenessMonitor,
                worker_names: Sequence[str], stalled_after_secs: float,
                period_secs: Optional[float] = None,
-               on_lost: Optional[Callable[[Any, int], None]] = None, membership: Any = None):
+               on_lost: Optional[Callable[[Any, int], None]] = None, membership: Any = None,
+               spare_ids: Sequence[int] = ()):
     self._queue, self._barrier, self._monitor = queue, barrier, monitor
     self._names = list(worker_names)
     self._period = probe_period_secs(len(self._names)) if period_secs is None else period_secs
     self._stalled_after = stalled_after_secs
     self._on_lost, self._own_membership = on_lost, membership
     self._lost: set = set()
+    self._spare_ids = tuple(spare_ids)
+    self._spares: set = set()  # of _lost: spares standing by, not lost
     self._rejoined: set = set()  # probed as known up: a rejoined process that is down is lost
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
@@ -90,6 +95,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     self._read_claims = ops.state["claims"]
 
   def after_create_session(self, session, coord):
+    for worker_id in self._spare_ids:  # Before the start barrier: the chief arrives for them.
+      self._lose(session, worker_id, spare=True)
     self._stop.clear()
     self._thread = threading.Thread(target=self._watch, args=(session, coord),
                                     name="epochsync-lost-workers", daemon=True)
@@ -126,8 +133,10 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
         self._monitor.forget(name)
         self._lost.discard(name)
         self._rejoined.add(name)
-        logging.info("%s: %s rejoined the job (a relaunched process); watching it again",
-                     self._names[0], name)
+        logging.info("%s: %s %s the job (%s); watching it", self._names[0], name,
+                     *(("joined", "a spare, in place of a lost worker") if name in self._spares
+                       else ("rejoined", "a relaunched process")))
+        self._spares.discard(name)
 
   def _run(self, session, fetches, feeds, what: str):
     return step_retry.run_rerunnable(
@@ -141,9 +150,13 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
                            "the check of a lost worker")
     return int(held) if lost else None
 
-  def _lose(self, session, worker_id: int, why: str) -> None:
+  def _lose(self, session, worker_id: int, why: str = "", spare: bool = False) -> None:
+    """Fences the worker, takes its unit back and arrives for it from now on; `spare`: it is a
+    spare standing by (at the run's start), not lost."""
     name = self._names[worker_id]
     self._lost.add(name)
+    if spare:
+      self._spares.add(name)
     self._rejoined.discard(name)
     what = f"the reclaim of {name}'s unit"
     epoch = int(self._run(session, self._read_epoch, None, what))
@@ -154,9 +167,16 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
       self._queue.take_back(epoch, unit, worker_id, skip - old_skip)
     if self._on_lost is not None:  # (synchronous) the marker the fenced worker owes
       self._on_lost(session, worker_id)
-    self._barrier.stand_ins.lose(session, worker_id, epoch, held, self._still_lost)
+    self._barrier.stand_ins.lose(session, worker_id, epoch, held, self._still_lost, spare)
+    if spare:
+      logging.info("%s is a spare: it stands by until a worker is lost, and %s arrives for it "
+                   "at every barrier until then", name, self._names[0])
+      return
     left = len(self._names) - 1 - len(self._lost)
+    standing_by = sorted(self._spares)
     what = (f"its unit {unit} ({self._queue.units[unit]}) goes back to the queue after the "
             f"{skip} batches of it the model holds" if unit >= 0 else "it held no unit")
     logging.warning("%s is lost in epoch %d (%s); elastic: %s, and the job goes on with %s and "
-                    "%d other worker(s)", name, epoch, why, what, self._names[0], left)
+                    "%d other worker(s)%s", name, epoch, why, what, self._names[0], left,
+                    f"; a spare standing by ({', '.join(standing_by)}) joins in its place"
+                    if standing_by else "")

@@ -10,6 +10,13 @@ arrives for it there (its gather came first), or if its earlier process had arri
 before it died. The queue's MembershipOps decide, inside its lock, so the chief's stand-in and
 the join never both count one epoch.
 
+A spare worker (--epochsync_spare_workers: the job's last worker indices) joins the same way,
+from its start: the chief fences it at the run's start and arrives for it at every barrier, and
+its join answers FULL while no more workers are fenced than the job has spares. So it stands
+by, its graph built and its session up, and joins in place of the first lost worker within the
+chief's detection; a relaunched worker that finds the job full stands by in its turn. A
+process that finds the job's epochs all trained ends (its session stops before a step).
+
 Synchronous training (`guest`) joins as a guest of the steps. The join only reserves its place;
 the steps wait for it from the round that takes it in, and that round comes only once its
 session is ready for its first step (`GuestTakeInHook`, the last hook before the epoch starts):
@@ -19,6 +26,7 @@ chief arrives for it and it starts with the next epoch.
 Typical usage (hooks.session.wiring, on every worker but the chief with --epochsync_elastic):
   rejoin = Rejoin(queue, barrier)                              # asynchronous
   rejoin = Rejoin(queue, barrier, guest=elastic_sync.GuestJoin(...))   # synchronous
+  rejoin = Rejoin(queue, barrier, spares=1, num_epochs=3)      # a job with a spare
   start = RunStartHook(..., rejoin=rejoin)
   hooks += [GuestTakeInHook(rejoin, monitor, chief, timeout_secs), epoch_input.hook]
 """
@@ -30,7 +38,7 @@ import tensorflow as tf
 
 from hooks import log as logging
 from hooks.errors import StartupTimeoutError
-from hooks.workqueue.elastic_graph import JOINED, NOT_FENCED
+from hooks.workqueue.elastic_graph import FULL, JOINED, NOT_FENCED
 from hooks.workqueue.unit_passes import UnitPasses
 
 __all__ = ["Rejoin", "GuestTakeInHook"]
@@ -39,14 +47,18 @@ _POLL_SECS = 0.02  # a guest's poll of `started`: two reads on the ps; its steps
 
 
 class Rejoin:
-  """`rejoin(session)` (RunStartHook's): None once this worker joined the running job, else why
-  not yet. A synchronous guest (`guest`: the sync optimizer's `join(session, epoch) -> (answer,
+  """`rejoin(session)` (RunStartHook's): None once this worker joined the running job (or
+  found its `num_epochs` all trained), else why not yet; `spares`: the job's spare workers. A synchronous guest (`guest`: the sync optimizer's `join(session, epoch) -> (answer,
   held)`, `ready(session, epoch)`, `started(session) -> its first step, or -1` and
   `take_local_step(session)`, hooks.session.elastic_sync) is then taken into the steps by
   `take_in`."""
 
-  def __init__(self, queue: UnitPasses, barrier: Any, guest: Any = None):
+  def __init__(self, queue: UnitPasses, barrier: Any, guest: Any = None, spares: int = 0,
+               num_epochs: Optional[int] = None):
     self._queue, self._barrier, self._guest = queue, barrier, guest
+    self._spares, self._num_epochs = spares, num_epochs
+    self._standing_by = False
+    self.finished = False  # it found the job's epochs all trained: its session ends at once
     self.task_name = queue.task_name
     self.joined: Optional[Tuple[int, int]] = None  # (its epoch, its earlier process's batches)
     self.pending = False  # (a guest) joined, not in the steps yet
@@ -56,10 +68,23 @@ class Rejoin:
     if self.joined is not None:
       return None
     running = self._barrier.start_epoch(session)
+    if self._num_epochs is not None and running >= self._num_epochs:
+      self.joined = (running, 0)  # Nothing left: its session ends before a step.
+      self.finished = True
+      logging.info("%s: the running job trained all its %d epochs; this process ends",
+                   self.task_name, self._num_epochs)
+      return None
     if self._barrier.release_wait.arrived_at_end(session, running):
-      return (f"its earlier process arrived at the end of epoch {running} before it was "
-              "lost; it joins when that epoch ends")
-    answer, held = (self._guest or self._queue.claims).join(session, running)
+      return (f"the end of epoch {running} already counts an arrival for it (its earlier "
+              "process's, or the chief's for it); it joins when that epoch ends")
+    answer, held = (self._guest or self._queue.claims).join(session, running, self._spares)
+    if answer == FULL:
+      if not self._standing_by:
+        self._standing_by = True
+        logging.info("%s stands by as a spare: the job has the workers it trains with "
+                     "(--epochsync_spare_workers=%d); it joins in place of the next lost worker",
+                     self.task_name, self._spares)
+      return f"it stands by as a spare (epoch {running}) until a worker is lost"
     if answer == NOT_FENCED:
       return (f"the chief has not found its earlier process lost yet (epoch {running}); it "
               "does within a few seconds")
@@ -67,8 +92,9 @@ class Rejoin:
       return (f"it cannot join epoch {running} now (the chief arrives for it at its end, or "
               "its earlier process's last step is still being aggregated); it tries again")
     self.joined, self.pending = (running, held), self._guest is not None
-    logging.info("%s joined epoch %d (its earlier process trained %d batches of it)%s",
-                 self.task_name, running, held,
+    logging.info("%s joined epoch %d (%s)%s", self.task_name, running,
+                 "a spare, in place of a lost worker" if self._standing_by else
+                 f"its earlier process trained {held} batches of it",
                  "; a synchronous step takes it in once its session is ready" if self.pending
                  else "")
     if not self.pending:

@@ -55,22 +55,27 @@ class EpochAudit:
               "attempt": self.attempt, "workers": workers, **fields}
     for stats in workers.values():  # Whose times these are (the whole epoch's counts).
       stats["attempt"] = record["attempt"]
-    lost = set(fields.get("lost_workers", ()))  # Elastic: the chief arrived for them.
-    for name in lost & set(workers):
-      workers[name].update(lost=True, examples=None, started_at=None, arrived_at=None,
-                           barrier_wait_secs=None)
+    lost = set(fields.get("lost_workers", ()))  # Elastic: the chief arrived for them,
+    spares = set(fields.get("spare_workers", ()))  # and for the spares standing by.
+    for name in (lost | spares) & set(workers):
+      workers[name].update(examples=None, started_at=None, arrived_at=None,
+                           barrier_wait_secs=None, **{"spare" if name in spares else "lost": True})
     os.makedirs(self._directory, exist_ok=True)
     with open(self.path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
-    slowest = max((w for w in workers if w not in lost), key=lambda w: workers[w]["arrived_at"])
+    slowest = max((w for w in workers if w not in lost | spares),
+                  key=lambda w: workers[w]["arrived_at"])
     attempts = record.get("attempts", [record["attempt"]])
     resumed = "" if len(attempts) < 2 else (
         f" over attempts {attempts[0]}-{attempts[-1]} (resumed at global_step " +
         ", ".join(str(r["global_step"]) for r in record.get("resumed_from", ())) + ")")
     logging.info(
         "epoch %d done on all %d workers%s%s: %s; global_step %s; checkpoint %s; last to "
-        "arrive %s", epoch, len(workers), f" ({len(lost)} lost)" if lost else "", resumed,
+        "arrive %s", epoch, len(workers),
+        "".join(f" ({len(names)} {what})" for names, what in ((lost, "lost"), (spares, "spare"))
+                if names), resumed,
         ", ".join(f"{w} lost ({s['batches']} batches in the model)" if w in lost else
+                  f"{w} a spare standing by" if w in spares else
                   f"{w} {s['batches']} batches/{s['examples']} examples"
                   for w, s in workers.items()),
         global_step, fields.get("checkpoint"), slowest)

@@ -69,24 +69,27 @@ class RunStartHook(_v1.train.SessionRunHook):
     num_workers: `int`, the number of chief and worker tasks.
     rejoin: (elastic) `(session) -> None` once this restarted worker joined the running job,
       or why not yet (it is tried again every 0.1 s while the chief makes progress).
+    spare: (elastic, with `rejoin`) this worker is a spare: it joins the running job through
+      `rejoin` from its start, in place of a lost worker, instead of starting with the run.
   """
 
   def __init__(self, is_chief: bool, chief_name: str, liveness: LivenessMonitor,
                task_name: str = "this task", startup_timeout_secs: float = 600.0,
                ps_device: str = "/job:ps/task:0", worker_id: Optional[int] = None,
                num_workers: Optional[int] = None,
-               rejoin: Optional[Callable[[Any], Optional[str]]] = None):
+               rejoin: Optional[Callable[[Any], Optional[str]]] = None, spare: bool = False):
     self._is_chief, self._chief = bool(is_chief), chief_name
     self._liveness, self._task = liveness, task_name
     self._timeout, self._ps_device = startup_timeout_secs, ps_device
     self._worker_id, self._num_workers = worker_id, num_workers
     self._rejoin = rejoin
+    self._spare = bool(spare) and rejoin is not None
 
   def begin(self) -> None:
     self.started = False  # set once after_create_session has cleaned up (or waited)
     self._join = None  # a worker's (earlier incarnation, write) into its roster slot
     self._refused = False  # an earlier process of this task joined the current run
-    self._rejoining = False  # (elastic) refused, it joins the running job instead
+    self._rejoining = self._spare  # (elastic) it joins the running job (refused, or a spare)
     self.rejoined = False  # (elastic) it joined the running job: no start barrier
     _HOOKS.setdefault(_v1.get_default_graph(), []).append(self)
     with _v1.device(self._ps_device), tf.name_scope("epochsync_run_start"):
@@ -221,7 +224,8 @@ class RunStartHook(_v1.train.SessionRunHook):
     why = self._rejoin(session)
     if why is None:
       self.rejoined = True
-      logging.info("%s rejoined the running job of %s", self._task, self._chief)
+      if not getattr(self._rejoin, "finished", False):  # (else: nothing left to join)
+        logging.info("%s rejoined the running job of %s", self._task, self._chief)
       return True
     logging.log_every_n_seconds(logging.INFO, "%s waits to rejoin the running job: %s", 10,
                                 self._task, why)

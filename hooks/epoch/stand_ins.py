@@ -1,6 +1,7 @@
 """The chief's arrivals for lost workers at the epoch barrier (elastic training).
 
-Once the chief has found a worker lost (hooks.elastic), it arrives for it at every barrier: one
+Once the chief has found a worker lost (hooks.elastic), it arrives for it at every barrier (for a
+spare worker standing by too, from the run's start): one
 run on ps:0 enqueues the worker's arrival (its batches in the model at the epoch's end,
 examples -1: unknown) unless the worker arrived itself before it died, so the chief's gather of
 n-1 arrivals completes without it. A worker lost while the chief gathers is arrived for at
@@ -20,7 +21,7 @@ Typical usage (EpochBarrierHook's, on the chief):
 
 import contextlib
 import threading
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from hooks import log as logging
 from hooks.epoch.barrier_wait import Wait
@@ -48,24 +49,35 @@ class StandIns:
     self._lost: Dict[int, Tuple[int, int, Optional[StillLost]]] = {}
     self._gathering: Optional[Wait] = None
     self._rejoined: List[str] = []  # found rejoined at the last gather
+    self._spares: Set[int] = set()  # of _lost: spares standing by, not lost
     self._lock = threading.Lock()
 
   def lose(self, session, worker_id: int, epoch: int, batches: int,
-           still_lost: Optional[StillLost] = None) -> None:
+           still_lost: Optional[StillLost] = None, spare: bool = False) -> None:
     """Worker `worker_id` is lost in `epoch` with `batches` of it in the model: arrive for it
     at every barrier from now on, now if one is being gathered, while `still_lost(session,
     worker_id, epoch)` answers its batches of that epoch in the model, not None (None: always,
-    with `batches`)."""
+    with `batches`). `spare`: it is not lost but a spare standing by (`spares`)."""
     with self._lock:
       self._lost[worker_id] = (epoch, batches, still_lost)
+      if spare:
+        self._spares.add(worker_id)
+      else:
+        self._spares.discard(worker_id)
       if self._gathering is not None:
         self._arrive_for(session, worker_id, self._gathering)
 
   @property
   def names(self) -> List[str]:
-    """The lost workers' names, sorted."""
+    """The lost workers' names, sorted (not the spares)."""
     with self._lock:
-      return sorted(self._names[w] for w in self._lost)
+      return sorted(self._names[w] for w in self._lost if w not in self._spares)
+
+  @property
+  def spares(self) -> List[str]:
+    """The spare workers standing by (arrived for as the lost ones), sorted."""
+    with self._lock:
+      return sorted(self._names[w] for w in self._spares)
 
   @property
   def rejoined(self) -> List[str]:
@@ -90,9 +102,14 @@ class StandIns:
   def _arrive_for(self, session, worker_id: int, wait: Wait) -> None:
     epoch, batches, still_lost = self._lost[worker_id]
     if still_lost is not None:
-      held = still_lost(session, worker_id, wait.epoch)
+      # At the run's start barrier it asks about the epoch before the run's first, whose end
+      # is past: it closes nothing the run trains, so a spare (or a worker lost before the
+      # start) may still join the first epoch.
+      asked = wait.epoch if wait.barrier == "epoch_end" else wait.epoch - 1
+      held = still_lost(session, worker_id, asked)
       if held is None:
         del self._lost[worker_id]
+        self._spares.discard(worker_id)
         self._rejoined.append(self._names[worker_id])
         logging.info("%s rejoined the job: it arrives itself at %s of epoch %d",
                      self._names[worker_id], wait.barrier, wait.epoch)
@@ -100,5 +117,6 @@ class StandIns:
       epoch, batches = wait.epoch, held
     batches = batches if (epoch, wait.barrier) == (wait.epoch, "epoch_end") else 0
     if self._run(session, worker_id, batches, wait.seq):
-      logging.info("%s arrives at %s of epoch %d for %s, which is lost", self._task,
-                   wait.barrier, wait.epoch, self._names[worker_id])
+      logging.info("%s arrives at %s of epoch %d for %s, which is %s", self._task,
+                   wait.barrier, wait.epoch, self._names[worker_id],
+                   "a spare standing by" if worker_id in self._spares else "lost")

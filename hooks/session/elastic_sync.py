@@ -65,10 +65,12 @@ class GuestJoin:
     self._token = random.SystemRandom().getrandbits(62) + 1
     self._started = self._opt.sync_ops.guest.started[worker_id]  # built before the session
 
-  def join(self, session, epoch: int) -> Tuple[int, int]:
-    """(JOINED, NOT_FENCED or CLOSED; its earlier process's batches of `epoch`)."""
+  def join(self, session, epoch: int, spares: int = 0) -> Tuple[int, int]:
+    """(JOINED, NOT_FENCED, CLOSED or FULL; its earlier process's batches of `epoch`), in a job
+    of `spares` spare workers."""
     ops = self._opt.sync_ops.guest
-    feeds = {ops.worker: self._worker, ops.epoch: epoch, ops.token: self._token}
+    feeds = {ops.worker: self._worker, ops.epoch: epoch, ops.token: self._token,
+             ops.spares: spares}
     answer, held = step_retry.run_rerunnable(
         lambda: session.run(ops.join, feeds, options=run_options(_RUN_TIMEOUT_SECS)),
         "the guest's join", self._opt.worker_names[0])

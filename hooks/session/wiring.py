@@ -108,15 +108,16 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       on_lost = elastic_sync.wire(queue, sync_hook, settings.step_timeout_secs)
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
-  rejoin = None
+  rejoin, spare_ids = None, _spare_ids(config, settings)
   if settings.elastic and not config.is_chief:
     rejoin = Rejoin(queue, barrier, guest=elastic_sync.GuestJoin(
-        sync_hook, config.worker_id) if sync_hook is not None else None)
+        sync_hook, config.worker_id) if sync_hook is not None else None,
+                    spares=len(spare_ids), num_epochs=epoch_input.num_epochs)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
                        startup_timeout_secs=settings.startup_timeout_secs,
                        worker_id=config.worker_id, num_workers=config.num_workers,
-                       rejoin=rejoin)
+                       rejoin=rejoin, spare=config.worker_id in spare_ids)
   # TensorFlow's session creation waits for the ps tasks, and a worker's for the chief too.
   needed = [n for n in sorted(monitor.addresses) if n.startswith("ps:")]
   needed += [] if config.is_chief else [config.worker_names[0]]
@@ -143,13 +144,14 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   count_applied = (mid_epoch or settings.elastic) and sync is None
   resume = MidEpochResume(epoch_input, **common, count_applied=count_applied)
   if settings.elastic and not config.is_chief:  # A replaced lost worker ends before the barrier.
-    hooks.append(FenceCheckHook(queue))
+    hooks.append(FenceCheckHook(queue, rejoin))
   hooks += [done, barrier, resume]
   if settings.elastic and config.is_chief:
     hooks.append(LostWorkerWatch(queue, barrier, monitor, worker_names=config.worker_names,
                                  stalled_after_secs=_stalled_after(settings, sync_hook),
                                  on_lost=on_lost, membership=None if sync_hook is None else
-                                 sync_hook.optimizer.sync_ops.guest.membership))
+                                 sync_hook.optimizer.sync_ops.guest.membership,
+                                 spare_ids=spare_ids))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))
@@ -176,6 +178,17 @@ def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: An
   if config.is_chief:
     audit_work_queue(epoch_input, barrier, config.worker_names)
   return queue
+
+
+def _spare_ids(config: ClusterConfig, settings: EpochSyncSettings) -> range:
+  """The worker ids of the spares (elastic): the last --epochsync_spare_workers."""
+  spares = settings.spare_workers if settings.elastic else 0
+  if spares >= config.num_workers:
+    raise ConfigError(
+        f"--epochsync_spare_workers={spares} leaves no task to train among the job's "
+        f"{config.num_workers} chief and worker tasks: the chief is never a spare; give at "
+        f"most {config.num_workers - 1}, or more worker tasks")
+  return range(config.num_workers - spares, config.num_workers)
 
 
 def _stalled_after(settings: EpochSyncSettings, sync_hook: Any) -> float:

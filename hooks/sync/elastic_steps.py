@@ -55,14 +55,15 @@ IDLE_ROUND = -3  # What an aggregation of IDLE markers alone returns: nothing wa
 @dataclasses.dataclass(frozen=True)
 class GuestOps:
   """A relaunched worker's join of the running epoch (hooks.elastic.rejoin): `join` (feeds
-  `worker`, `epoch`, `token`) answers [elastic_graph's JOINED, NOT_FENCED or CLOSED; the batches
+  `worker`, `epoch`, `token`) answers [elastic_graph's JOINED, NOT_FENCED, CLOSED or FULL; the batches
   of `epoch` its earlier process trained]; `ready` (feeds `worker`, `epoch`): its session is
   ready for its first step, the next aggregation may take it in (its join stays pending until
   then); `started[worker]`: the step of its first marker once an aggregation took it into the
   steps, -1 before (and from the next epoch's start on); the step then waits for its marker,
   so it reads its first step from the step, as every worker.
   `membership`: the queue's MembershipOps with the chief's `still_lost` of a synchronous job
-  (it cancels a guest's join no step took in yet, so the chief arrives for it)."""
+  (it cancels a guest's join no step took in yet, so the chief arrives for it). `spares`: the
+  job's spare workers, fed to `join` (FULL: the process stands by; MembershipOps)."""
   worker: tf.Tensor
   epoch: tf.Tensor
   token: tf.Tensor
@@ -70,6 +71,7 @@ class GuestOps:
   ready: tf.Tensor
   started: tf.Variable
   membership: Any
+  spares: tf.Tensor
 
 
 _IN_ROUND = -2  # An `owed` value: its GRAD or IDLE marker passed, its round is not over.
@@ -109,17 +111,18 @@ class ElasticSteps:
       started = vector(name="guest_first_steps")  # GuestOps.started
       feeds = [_v1.placeholder(tf.int64, [], "guest_" + name)
                for name in ("worker", "epoch", "token")]
+      spares = elastic_graph.spares_feed("guest_spares")
     # The queue's `accepted` (each worker's batches in the model, a mid-epoch checkpoint's
     # positions) counts from the running epoch's start; a resumed run's workers count from 0.
     self._ids = tf.reshape(tf.range(num_workers, dtype=tf.int64), [num_workers, 1])
     epoch = state.completed_epochs.read_value() * graph_keys.EPOCH_SHIFT
     self._started = started
-    join = execute_unrecorded(queue.lock, functools.partial(self._join, *feeds))
+    join = execute_unrecorded(queue.lock, functools.partial(self._join, *feeds, spares))
     membership = dataclasses.replace(queue.membership, still_lost=execute_unrecorded(
         queue.lock, functools.partial(self._still_lost, queue.membership.worker,
                                       queue.membership.epoch)))
     ready = execute_unrecorded(queue.lock, functools.partial(self._mark_ready, *feeds[:2]))
-    self.guest = GuestOps(*feeds, join, ready, started, membership)
+    self.guest = GuestOps(*feeds, join, ready, started, membership, spares)
     self.init = tf.group(
         self.owed.assign(tf.fill([num_workers], tf.cast(step, tf.int64))),
         queue.accepted.scatter_nd_update(self._ids, tf.fill([num_workers], epoch)),
@@ -185,7 +188,8 @@ class ElasticSteps:
     with tf.control_dependencies([marked]):
       return tf.identity(answer)
 
-  def _join(self, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor) -> tf.Tensor:
+  def _join(self, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor,
+            spares: tf.Tensor) -> tf.Tensor:
     """(Inside the lock) GuestOps.join: the earlier process's owed marker goes first."""
     was_fenced = elastic_graph.fenced(self._queue, self._n)[worker]
     # Not while its earlier process's last marker waits for its round (that round would hand
@@ -193,7 +197,7 @@ class ElasticSteps:
     allowed = tf.logical_and(tf.not_equal(self._joining[worker], _stood_in(epoch)),
                              tf.not_equal(self.owed[worker], _IN_ROUND))
     with tf.control_dependencies([self._send_owed(worker), was_fenced, allowed]):
-      answer = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed)
+      answer = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed, spares)
     joined = tf.logical_and(was_fenced, tf.equal(answer[0], elastic_graph.JOINED))
     with tf.control_dependencies([_write_where(self._joining, worker, joined, epoch),
                                   _write_where(self._ready, worker, joined, -1)]):

@@ -75,13 +75,14 @@ class UnitClaims:
           "relaunch this worker once more: a relaunched worker rejoins the running job",
           self.task_name)
 
-  def join(self, session, epoch: int) -> Tuple[int, int]:
-    """(Elastic) This relaunched worker's join of the running job at `epoch`: (JOINED, or
-    NOT_FENCED / CLOSED: try again later; the batches of `epoch` its earlier process trained)
+  def join(self, session, epoch: int, spares: int = 0) -> Tuple[int, int]:
+    """(Elastic) This relaunched worker's (or spare's) join of the running job at `epoch`, in a
+    job of `spares` spare workers: (JOINED, or NOT_FENCED / CLOSED / FULL: try again later; the
+    batches of `epoch` its earlier process trained)
     (hooks.workqueue.elastic_graph.MembershipOps)."""
     ops = self.ops.membership
     answer, held = session.run(ops.join, {ops.epoch: epoch, ops.worker: self._worker,
-                                          ops.token: self._token},
+                                          ops.token: self._token, ops.spares: spares},
                                options=run_options(self._attempt))
     return int(answer), int(held)
 

@@ -28,8 +28,9 @@ from hooks.errors import FENCED_MARK
 from hooks.workqueue.layout import MAX_WORKERS, Layout
 from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 
-__all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "VARIABLES",
-           "per_worker", "gate", "admit", "guest_join", "still_lost", "refuse_fenced", "fenced",
+__all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "FULL", "VARIABLES",
+           "per_worker", "gate", "admit", "guest_join", "spares_feed", "still_lost",
+           "refuse_fenced", "fenced",
            "close_fenced", "register", "registered", "reclaim_ops", "membership_ops"]
 
 _v1 = tf.compat.v1
@@ -43,13 +44,17 @@ class MembershipOps:
   """(Elastic) Who arrives at an epoch's barrier for a lost worker, decided in the queue's lock.
 
   `closed`: per worker, the last epoch the chief arrives for it (a stand-in; -1 none): every
-  epoch it is still fenced at the gather. `join` (a relaunched worker, at the running `epoch`):
-  [JOINED, NOT_FENCED or CLOSED; its earlier process's batches of `epoch` in the model]. JOINED
+  epoch it is still fenced at the gather. `join` (a relaunched worker or a spare, at the
+  running `epoch`): [JOINED, NOT_FENCED, CLOSED or FULL; its earlier process's batches of
+  `epoch` in the model]. JOINED
   lifts its fence if the chief arrives for it at no barrier from `epoch` on: it claims units of
   `epoch` at once, its count going on from the batches its earlier process trained, and
   arrives itself; NOT_FENCED: the chief has not found its earlier process lost yet; CLOSED:
-  `epoch`'s barrier is the chief's (wait for a later one). `token` (the joining process's,
-  random): a join run again after its answer was lost answers JOINED again.
+  `epoch`'s barrier is the chief's (wait for a later one); FULL: the job has all the workers
+  it trains with (no more than `spares` workers are fenced, the spares' own fences included):
+  the process stands by as a spare until a worker is lost. `token` (the joining process's,
+  random): a join run again after its answer was lost answers JOINED again. `spares`
+  (default 0): the job's spare workers (--epochsync_spare_workers).
   `still_lost` (the chief, at `epoch`'s barrier): [1 if the chief arrives for the worker (it
   is still fenced: the epoch closes to its join; or a synchronous guest no step took in,
   guest_join), else 0; its batches of `epoch` in the model, which the chief's arrival
@@ -57,11 +62,12 @@ class MembershipOps:
   epoch: tf.Tensor
   worker: tf.Tensor
   token: tf.Tensor
+  spares: tf.Tensor
   join: tf.Tensor
   still_lost: tf.Tensor
 
 
-JOINED, NOT_FENCED, CLOSED = 1, 0, 2
+JOINED, NOT_FENCED, CLOSED, FULL = 1, 0, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,20 +163,26 @@ def membership_ops(lock: tf.CriticalSection, state, vectors,
                     layout: Layout) -> MembershipOps:
   feeds = {name: _v1.placeholder(tf.int64, [], "member_" + name)
            for name in ("epoch", "worker", "token")}
+  feeds["spares"] = spares_feed("member_spares")
   join = execute_unrecorded(lock, functools.partial(_join, state, vectors, feeds, layout))
   still_lost = execute_unrecorded(lock, functools.partial(_still_lost, state, vectors[0],
                                                            vectors[1], feeds, layout))
   return MembershipOps(join=join, still_lost=still_lost, **feeds)
 
 
+def spares_feed(name: str) -> tf.Tensor:
+  """A join's feed of the job's spare workers (MembershipOps.spares): 0 unless fed."""
+  return _v1.placeholder_with_default(tf.constant(0, tf.int64), [], name)
+
+
 def guest_join(ops, worker: tf.Tensor, epoch: tf.Tensor, token: tf.Tensor,
-               allowed: tf.Tensor) -> tf.Tensor:
+               allowed: tf.Tensor, spares: tf.Tensor) -> tf.Tensor:
   """(Inside the queue's lock; a synchronous job, hooks.sync.elastic_steps) MembershipOps.join
   for a guest of the steps: it may join `epoch` while the chief would still arrive for it there
   (closed up to `epoch`, and `allowed`: no gather stood in for it yet); `epoch` then stays
   closed, the chief arriving for it, until a step takes it in and opens it."""
   vectors = (ops.gated, ops.closed, ops.joined_by)
-  feeds = {"worker": worker, "epoch": epoch, "token": token}
+  feeds = {"worker": worker, "epoch": epoch, "token": token, "spares": spares}
   return _join(ops.state_variable, vectors, feeds, ops.layout, steps_allow=allowed)
 
 
@@ -178,8 +190,8 @@ def _join(state, vectors, feeds, layout: Layout, steps_allow: "tf.Tensor | None"
           ) -> tf.Tensor:
   """The join's graph (inside the lock): [JOINED (the fence lifted, the worker's claims start
   at `epoch`, its gated count goes on from its earlier process's; or this token's join already
-  did), NOT_FENCED or CLOSED (nothing changes); its earlier process's batches of `epoch`]. A
-  synchronous guest (`steps_allow`) as guest_join says."""
+  did), NOT_FENCED, CLOSED or FULL (nothing changes); its earlier process's batches of
+  `epoch`]. A synchronous guest (`steps_allow`) as guest_join says."""
   gated, closed, joined_by = vectors
   parts = layout.parts(state.read_value())
   worker, epoch = feeds["worker"], feeds["epoch"]
@@ -187,7 +199,10 @@ def _join(state, vectors, feeds, layout: Layout, steps_allow: "tf.Tensor | None"
   again = tf.logical_and(tf.logical_not(fenced), tf.equal(joined_by[worker], feeds["token"]))
   open_ = tf.logical_and(closed[worker] < epoch if steps_allow is None else tf.logical_and(
       closed[worker] <= epoch, steps_allow), parts["epoch"] <= epoch)
-  joins = tf.logical_and(fenced, open_)
+  # Slots beyond the job's workers are never fenced: the fenced ones are its lost workers and
+  # its spares. A process joins in place of one lost beyond the spares.
+  room = tf.reduce_sum(tf.cast(parts["claims"] <= FENCE_MARK, tf.int64)) > feeds["spares"]
+  joins = tf.logical_and(tf.logical_and(fenced, open_), room)
   written = dict(parts)
   written["claims"] = put(parts["claims"], worker, tf.constant(0, tf.int64), joins)
   written["last"] = put(parts["last"], worker, tf.constant(-1, tf.int64), joins)
@@ -199,9 +214,10 @@ def _join(state, vectors, feeds, layout: Layout, steps_allow: "tf.Tensor | None"
     writes.append(closed.scatter_nd_update([[worker]], tf.reshape(
         tf.where(joins, tf.maximum(closed[worker], epoch), closed[worker]), [1])))
   with tf.control_dependencies(writes):
+    refused = tf.where(tf.logical_and(open_, tf.logical_not(room)),
+                       tf.constant(FULL, tf.int64), tf.constant(CLOSED, tf.int64))
     answer = tf.where(tf.logical_or(joins, again), tf.constant(JOINED, tf.int64),
-                      tf.where(fenced, tf.constant(CLOSED, tf.int64),
-                               tf.constant(NOT_FENCED, tf.int64)))
+                      tf.where(fenced, refused, tf.constant(NOT_FENCED, tf.int64)))
     return tf.stack([answer, _batches_in(gated[worker], epoch)])
 
 

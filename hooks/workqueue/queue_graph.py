@@ -44,14 +44,14 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks.errors import ConfigError
 from hooks.workqueue import elastic_graph
-from hooks.workqueue.elastic_graph import (CLOSED, JOINED, NOT_FENCED, MembershipOps,
+from hooks.workqueue.elastic_graph import (CLOSED, FULL, JOINED, NOT_FENCED, MembershipOps,
                                            ReclaimOps, gate)
 from hooks.workqueue.layout import MAX_WORKERS, Layout, fingerprint_value
 from hooks.workqueue.state_ops import (ANY, FENCE_MARK, FENCED, NONE, STALE, WAIT,
                                        execute_unrecorded, fills, put)
 
 __all__ = ["QueueOps", "ReclaimOps", "MembershipOps", "Layout", "build", "gate", "STALE",
-           "JOINED", "NOT_FENCED", "CLOSED", "WAIT", "FENCED", "FENCE_MARK",
+           "JOINED", "NOT_FENCED", "CLOSED", "FULL", "WAIT", "FENCED", "FENCE_MARK",
            "ANY", "NONE", "MAX_WORKERS", "fingerprint_value"]
 
 _v1 = tf.compat.v1

@@ -1,0 +1,128 @@
+"""Spare workers on a real cluster (--epochsync_spare_workers, docs/elastic.md): the job's last
+worker tasks stand by, their graph built and their session up, and one joins in place of a lost
+worker within the chief's detection, instead of the job waiting for a relaunched process.
+
+Chief + 2 workers + 1 spare (worker:3) + 1 ps, units through the work queue
+(tests/tasks/epoch_task.py --unit_batches), --epochsync_elastic --epochsync_spare_workers=1.
+worker:1 is SIGKILLed inside a unit of epoch 0 and relaunched at once: the spare joins the
+running epoch, and the relaunched worker:1 finds the job full and stands by in its turn until
+the job ends. Every task exits 0; every unit is trained once, whoever trained it; synchronous
+steps equal the oracle of the steps the workers recorded.
+"""
+
+import os
+import re
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from hooks.epoch.audit import read_audit
+from hooks.testing.local_cluster import LocalCluster
+from elastic_checks import assert_equals_the_oracle, kill_inside_a_unit
+from log_checks import alarms
+
+pytestmark = [pytest.mark.cluster]
+
+TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks", "epoch_task.py")]
+UNITS = [9, 1, 4, 6, 2, 7, 3, 5, 1, 8, 4, 6]  # batches per unit, 8 examples each
+BATCH, FEATURES, LR = 8, 16, 0.05
+
+
+def _command(tmp_path, sync: bool, epochs: int):
+  return TASK + [f"--model_dir={tmp_path / 'model'}",
+                 "--unit_batches=" + ",".join(map(str, UNITS)),
+                 f"--epochsync_num_epochs={epochs}", f"--epochsync_sync={str(sync).lower()}",
+                 "--epochsync_elastic", "--epochsync_spare_workers=1", "--step_sleep_secs=0.1",
+                 "--epochsync_save_checkpoint_secs=0"] + (
+                     [f"--record_steps_dir={tmp_path}"] if sync else [])
+
+
+def _logged_at(log: str, pattern: str, near: float) -> float:
+  """The time (epoch seconds) of the first line matching `pattern` in `log` (local time)."""
+  found = re.search(r"^[IW]\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*" + pattern, log, re.M)
+  assert found, (pattern, log[-3000:])
+  h, m, s = found.groups()
+  day = time.localtime(near)
+  return time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s)
+
+
+def _assert_every_unit_once(audit):
+  for line in audit:
+    units = line["units"]
+    assert sorted(u["index"] for u in units) == list(range(len(UNITS))), units
+    for u in units:  # every unit once, whole: its batches and examples, whoever trained them
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_spare_joins_in_place_of_a_killed_worker_and_its_relaunch_stands_by(tmp_path, sync):
+  logs, epochs = str(tmp_path / "logs"), 3
+  with LocalCluster(num_workers=4, timeout_secs=180, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path, sync, epochs),
+                  per_task_args={"worker:1": ["--slowdown=2"]})
+    _, killed_at = kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"), UNITS,
+                                      time.monotonic() + 90, min_batches=6)
+    while cluster.results()["worker:1"].returncode is None:  # the killed process is reaped
+      time.sleep(0.05)
+    cluster.restart_task("worker:1")
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert set(codes.values()) == {0}, [(t.name, t.returncode, t.tail())
+                                      for t in result.tasks.values()]
+  spare = open(os.path.join(logs, "worker-3.log")).read()
+  relaunched = open(os.path.join(logs, "worker-1.log")).read()
+  assert "worker:3 stands by as a spare" in spare, spare[-3000:]
+  joined_at = _logged_at(spare, r"worker:3 joined epoch 0 \(a spare, in place of a lost "
+                         r"worker\)", killed_at)
+  print(f"the spare joined {joined_at - killed_at:.2f} s after the kill")
+  assert 0 < joined_at - killed_at < 5, (killed_at, joined_at)
+  assert "worker:1 stands by as a spare" in relaunched, relaunched[-3000:]
+  assert f"the running job trained all its {epochs} epochs; this process ends" in relaunched
+  assert "joined epoch" not in relaunched, relaunched[-3000:]
+  chief = open(os.path.join(logs, "worker-0.log")).read()
+  assert re.search(r"worker:1 is lost in epoch 0 .*a spare standing by \(worker:3\) joins in "
+                   "its place", chief), chief[-3000:]
+  audit = read_audit(str(tmp_path / "model"))
+  assert [line["epoch"] for line in audit] == list(range(epochs))
+  _assert_every_unit_once(audit)
+  for line in audit:  # worker:1 stays lost (its new process stands by); worker:3 is in
+    assert line["lost_workers"] == ["worker:1"] and "spare_workers" not in line, line
+  assert all(any(u["worker"] == "worker:3" for u in line["units"]) for line in audit[1:])
+  assert not any(u["worker"] == "worker:1" for line in audit[1:] for u in line["units"])
+  if sync:
+    assert_equals_the_oracle(str(tmp_path), audit, UNITS, BATCH, FEATURES, LR, "linear")
+  else:  # asynchronous: the killed worker's batch in flight may be lost (docs/elastic.md)
+    step = int(tf.train.load_variable(tf.train.latest_checkpoint(str(tmp_path / "model")),
+                                      "global_step"))
+    assert epochs * sum(UNITS) - 1 <= step <= epochs * sum(UNITS), step
+
+
+@pytest.mark.timeout(180)
+def test_a_spare_of_a_healthy_job_trains_nothing_and_ends_with_it(tmp_path):
+  """Nobody is lost: the spare stands by to the end, the chief arrives for it at every barrier
+  (the audit lists it in spare_workers), it exits 0 with the others, and the job's counts are
+  exact; nothing at WARNING or above."""
+  logs, epochs = str(tmp_path / "logs"), 2
+  with LocalCluster(num_workers=3, timeout_secs=120, log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path, False, epochs))
+    result = cluster.wait()
+  result.check()
+  audit = read_audit(str(tmp_path / "model"))
+  assert [line["epoch"] for line in audit] == list(range(epochs))
+  _assert_every_unit_once(audit)
+  for line in audit:
+    assert line["spare_workers"] == ["worker:2"] and "lost_workers" not in line, line
+    assert line["workers"]["worker:2"]["spare"] and line["workers"]["worker:2"]["batches"] == 0
+    assert {u["worker"] for u in line["units"]} == {"worker:0", "worker:1"}, line["units"]
+  step = int(tf.train.load_variable(tf.train.latest_checkpoint(str(tmp_path / "model")),
+                                    "global_step"))
+  assert step == epochs * sum(UNITS), step
+  for name in ("ps-0", "worker-0", "worker-1", "worker-2"):
+    loud = alarms(open(os.path.join(logs, f"{name}.log")).read())
+    assert not loud, (name, loud)
+  spare = open(os.path.join(logs, "worker-2.log")).read()
+  assert "worker:2 stands by as a spare" in spare and "this process ends" in spare, spare[-3000:]
