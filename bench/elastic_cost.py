@@ -28,6 +28,12 @@ loses every task's work since the newest checkpoint plus a whole job's restart. 
 average: the JSON gives the measured loss plus P/2 for P = 600 s, and its ratio to the elastic
 loss (at least the detection: a loss below it is the runs' noise).
 
+The span loss is still as noisy as the spans (seconds from job to job on 2 busy cores), so
+the lost worker's absence is also timed directly: slot_gap, from the kill to the first unit
+its replacement (a spare, or the relaunched process) takes, and gap_loss, the job time that
+gap costs (a quarter of it with 4 workers: each worker's pace is its own; synchronous, the
+steps also wait for the lost marker until the detection).
+
 With --spare_workers=K the two elastic jobs run K spare workers besides the 4
 (--epochsync_spare_workers): a spare stands by, and joins in place of worker:2 when the chief
 finds it lost; the relaunched worker:2 then stands by. The JSON gives the seconds from the kill
@@ -77,6 +83,7 @@ _TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_tas
 _WORKERS, _VICTIM = 4, "worker:2"
 _PERIOD_SECS = 600.0  # the save period the comparison is stated for
 _LOST_AT = re.compile(r"^W\d{4} (\d\d):(\d\d):(\d\d\.\d+) .* is lost in epoch", re.M)
+_TOOK = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .* took unit \d+ ", re.M)
 _SPARE_JOINED = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .* joined epoch \d+ \(a spare, in "
                            r"place of a lost worker\)", re.M)
 
@@ -105,25 +112,39 @@ def _kill_in_epoch_1(cluster: LocalCluster, deadline: float) -> float:
   raise RuntimeError(f"{_VICTIM} never took a unit of epoch 1")
 
 
-def _found_after(cluster: LocalCluster, killed_at: float) -> Optional[float]:
-  """Seconds from the kill to the chief's WARNING that the victim is lost (elastic)."""
-  found = _LOST_AT.search(open(os.path.join(cluster.log_dir, "worker-0.log")).read())
-  if not found:
-    return None
+def _after(found: "re.Match", killed_at: float) -> float:
+  """Seconds from the kill to a log line's time (the logs are in local time, HH:MM:SS.f)."""
   day = time.localtime(killed_at)
   h, m, s = found.groups()
   return time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s) - killed_at
 
 
+def _log(cluster: LocalCluster, task: str) -> str:
+  return open(os.path.join(cluster.log_dir, task.replace(":", "-") + ".log")).read()
+
+
+def _found_after(cluster: LocalCluster, killed_at: float) -> Optional[float]:
+  """Seconds from the kill to the chief's WARNING that the victim is lost (elastic)."""
+  found = _LOST_AT.search(_log(cluster, "worker:0"))
+  return None if found is None else _after(found, killed_at)
+
+
 def _spare_joined_after(cluster: LocalCluster, killed_at: float) -> Optional[float]:
   """Seconds from the kill to a spare's line that it joined in the victim's place."""
   for index in range(_WORKERS, _WORKERS + _SPARES.value):
-    found = _SPARE_JOINED.search(open(os.path.join(cluster.log_dir, f"worker-{index}.log")).read())
+    found = _SPARE_JOINED.search(_log(cluster, f"worker:{index}"))
     if found:
-      day = time.localtime(killed_at)
-      h, m, s = found.groups()
-      return time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s) - killed_at
+      return _after(found, killed_at)
   return None
+
+
+def _slot_gap(cluster: LocalCluster, killed_at: float) -> Optional[float]:
+  """Seconds from the kill to the first unit its replacement (a spare, or the relaunched
+  victim) took: the time the lost worker's place trained nothing."""
+  tasks = [_VICTIM] + [f"worker:{i}" for i in range(_WORKERS, _WORKERS + _SPARES.value)]
+  gaps = [gap for task in tasks for gap in (_after(m, killed_at) for m in
+                                              _TOOK.finditer(_log(cluster, task))) if gap > 0]
+  return min(gaps, default=None)
 
 
 def _job(kind: str) -> Dict[str, float]:
@@ -145,6 +166,8 @@ def _job(kind: str) -> Dict[str, float]:
     result = cluster.wait()
     if kind == "elastic":
       row["detection_secs"] = round(_found_after(cluster, killed_at), 3)
+      gap = _slot_gap(cluster, killed_at)
+      row["slot_gap_secs"] = None if gap is None else round(gap, 3)
       if spares:
         joined = _spare_joined_after(cluster, killed_at)
         row["spare_joined_secs"] = None if joined is None else round(joined, 3)
@@ -169,6 +192,16 @@ def _job(kind: str) -> Dict[str, float]:
     row["step_secs"] = round((audit[-1]["released_at"] - audit[0]["released_at"]) /
                              (audit[-1]["global_step"] - audit[0]["global_step"]), 5)
   return row
+
+
+def _gap_loss(gap: float, detection: float) -> float:
+  """The job time the lost worker's absence costs: its place trains nothing for `gap` seconds,
+  a quarter of the job's pace (each worker's pace is its own); synchronous, every step also
+  waits for its marker until the chief finds it lost (`detection`), then goes on with the
+  others' batches only."""
+  if _SYNC.value:
+    return detection + max(gap - detection, 0.0) / _WORKERS
+  return gap / _WORKERS
 
 
 def main(argv):
@@ -196,6 +229,9 @@ def main(argv):
     elastic = row["elastic"]
     elastic["bound_secs"] = round(elastic["detection_secs"] + row["uninterrupted"]["unit_secs"],
                                   3)
+    if elastic["slot_gap_secs"] is not None:  # the same loss from the gap: far less noisy
+      elastic["gap_loss_secs"] = round(_gap_loss(elastic["slot_gap_secs"],
+                                                 elastic["detection_secs"]), 3)
     floor = max(elastic["loss_secs"], elastic["detection_secs"])
     restart = row["stop_relaunch"]["loss_secs"]
     row["ratio_measured"] = round(restart / floor, 1)
@@ -227,6 +263,10 @@ def main(argv):
   if _SYNC.value:
     for key in ("elastic_over_plain", "step_over_plain"):
       summary[key] = statistics.median(r[key] for r in runs)
+  for key in ("slot_gap_secs", "gap_loss_secs"):
+    values = [r["elastic"].get(key) for r in runs]
+    if None not in values:
+      summary[key] = statistics.median(values)
   joins = [r["elastic"].get("spare_joined_secs") for r in runs]
   if _SPARES.value and None not in joins:
     summary["spare_joined_secs"] = statistics.median(joins)
