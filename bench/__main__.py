@@ -69,10 +69,10 @@ _FULL = {
     "elastic_sync_step": ("bench.elastic_cost", ["--sync", "--step_cost_only",
                                                  "--step_sleep_secs=0", "--repetitions=5",
                                                  "--output={out}.json"]),
-    "elastic_spare": ("bench.elastic_cost", ["--spare_workers=1", "--repetitions=7",
+    "elastic_spare": ("bench.elastic_cost", ["--spare_workers=1", "--repetitions=5",
                                              "--output={out}.json"]),
     "elastic_spare_sync": ("bench.elastic_cost", ["--sync", "--spare_workers=1",
-                                                  "--repetitions=5", "--output={out}.json"]),
+                                                  "--repetitions=4", "--output={out}.json"]),
 }
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
-from hooks.testing.local_cluster import LocalCluster
+from hooks.testing.local_cluster import LocalCluster, run_cluster
 from elastic_checks import assert_equals_the_oracle, kill_inside_a_unit
 from log_checks import alarms
 
@@ -56,7 +56,7 @@ def _assert_every_unit_once(audit):
       assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 def test_a_spare_joins_in_place_of_a_killed_worker_and_its_relaunch_stands_by(tmp_path, sync):
   logs, epochs = str(tmp_path / "logs"), 3
@@ -99,6 +99,19 @@ def test_a_spare_joins_in_place_of_a_killed_worker_and_its_relaunch_stands_by(tm
     step = int(tf.train.load_variable(tf.train.latest_checkpoint(str(tmp_path / "model")),
                                       "global_step"))
     assert epochs * sum(UNITS) - 1 <= step <= epochs * sum(UNITS), step
+  # The whole job relaunched for one more epoch: the new run lifts the fences, worker:1 trains
+  # again and worker:3, the last task, is the spare again, though it trained the epochs before.
+  again = run_cluster([c.replace(f"num_epochs={epochs}", f"num_epochs={epochs + 1}")
+                       for c in _command(tmp_path, sync, epochs)], num_workers=4,
+                      timeout_secs=120, log_dir=str(tmp_path / "logs-again"))
+  assert {n: r.returncode for n, r in again.tasks.items()} == {
+      f"worker:{i}": 0 for i in range(4)}, [(t.name, t.returncode, t.tail())
+                                            for t in again.tasks.values()]
+  last = read_audit(str(tmp_path / "model"))[-1]
+  assert last["epoch"] == epochs and last["spare_workers"] == ["worker:3"], last
+  assert "lost_workers" not in last, last
+  assert {u["worker"] for u in last["units"]} == {"worker:0", "worker:1", "worker:2"}, last
+  _assert_every_unit_once([last])
 
 
 @pytest.mark.timeout(180)

@@ -26,7 +26,7 @@ chief arrives for it and it starts with the next epoch.
 Typical usage (hooks.session.wiring, on every worker but the chief with --epochsync_elastic):
   rejoin = Rejoin(queue, barrier)                              # asynchronous
   rejoin = Rejoin(queue, barrier, guest=elastic_sync.GuestJoin(...))   # synchronous
-  rejoin = Rejoin(queue, barrier, spares=1, num_epochs=3)      # a job with a spare
+  rejoin = Rejoin(queue, barrier, spares=1, num_epochs=3, spare=True)  # a job's spare
   start = RunStartHook(..., rejoin=rejoin)
   hooks += [GuestTakeInHook(rejoin, monitor, chief, timeout_secs), epoch_input.hook]
 """
@@ -48,16 +48,17 @@ _POLL_SECS = 0.02  # a guest's poll of `started`: two reads on the ps; its steps
 
 class Rejoin:
   """`rejoin(session)` (RunStartHook's): None once this worker joined the running job (or
-  found its `num_epochs` all trained), else why not yet; `spares`: the job's spare workers. A synchronous guest (`guest`: the sync optimizer's `join(session, epoch) -> (answer,
-  held)`, `ready(session, epoch)`, `started(session) -> its first step, or -1` and
-  `take_local_step(session)`, hooks.session.elastic_sync) is then taken into the steps by
-  `take_in`."""
+  found its `num_epochs` all trained), else why not yet. `spares`: the job's spare workers;
+  `spare`: this worker is one. A synchronous guest (`guest`: the sync optimizer's
+  `join(session, epoch, spares) -> (answer, held)`, `ready(session, epoch)`,
+  `started(session) -> its first step, or -1` and `take_local_step(session)`,
+  hooks.session.elastic_sync) is then taken into the steps by `take_in`."""
 
   def __init__(self, queue: UnitPasses, barrier: Any, guest: Any = None, spares: int = 0,
-               num_epochs: Optional[int] = None):
+               num_epochs: Optional[int] = None, spare: bool = False):
     self._queue, self._barrier, self._guest = queue, barrier, guest
-    self._spares, self._num_epochs = spares, num_epochs
-    self._standing_by = False
+    self._spares, self._num_epochs, self._spare = spares, num_epochs, spare
+    self._standing_by = False  # its join found the job full (logged once)
     self.finished = False  # it found the job's epochs all trained: its session ends at once
     self.task_name = queue.task_name
     self.joined: Optional[Tuple[int, int]] = None  # (its epoch, its earlier process's batches)
@@ -93,7 +94,8 @@ class Rejoin:
               "its earlier process's last step is still being aggregated); it tries again")
     self.joined, self.pending = (running, held), self._guest is not None
     logging.info("%s joined epoch %d (%s)%s", self.task_name, running,
-                 "a spare, in place of a lost worker" if self._standing_by else
+                 "a spare, in place of a lost worker" if self._standing_by or (
+                     self._spare and not held) else
                  f"its earlier process trained {held} batches of it",
                  "; a synchronous step takes it in once its session is ready" if self.pending
                  else "")

@@ -14,7 +14,8 @@ once) that would otherwise join the running epoch unnoticed and train its shard 
 it waits instead, without touching the run, until the chief (which names the restart at its
 next wait) ends that run, and then exits so that it is relaunched into the next one. In an
 elastic job (hooks.elastic) the run goes on without the earlier process, and the restarted one
-rejoins it instead (`rejoin`), at an epoch's start, without the start barrier.
+rejoins it instead (`rejoin`), at an epoch's start, without the start barrier; so does a spare
+worker (`spare`), from its start, once a worker is lost.
 
 Typical usage (epoch_sync_hooks() puts it first):
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor_for(config))

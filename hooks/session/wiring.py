@@ -109,15 +109,16 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   rejoin, spare_ids = None, _spare_ids(config, settings)
+  spare = config.worker_id in spare_ids
   if settings.elastic and not config.is_chief:
-    rejoin = Rejoin(queue, barrier, guest=elastic_sync.GuestJoin(
-        sync_hook, config.worker_id) if sync_hook is not None else None,
-                    spares=len(spare_ids), num_epochs=epoch_input.num_epochs)
+    guest = None if sync_hook is None else elastic_sync.GuestJoin(sync_hook, config.worker_id)
+    rejoin = Rejoin(queue, barrier, guest=guest, spares=len(spare_ids),
+                    num_epochs=epoch_input.num_epochs, spare=spare)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
                        startup_timeout_secs=settings.startup_timeout_secs,
                        worker_id=config.worker_id, num_workers=config.num_workers,
-                       rejoin=rejoin, spare=config.worker_id in spare_ids)
+                       rejoin=rejoin, spare=spare)
   # TensorFlow's session creation waits for the ps tasks, and a worker's for the chief too.
   needed = [n for n in sorted(monitor.addresses) if n.startswith("ps:")]
   needed += [] if config.is_chief else [config.worker_names[0]]

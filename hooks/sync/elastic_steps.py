@@ -54,11 +54,11 @@ IDLE_ROUND = -3  # What an aggregation of IDLE markers alone returns: nothing wa
 
 @dataclasses.dataclass(frozen=True)
 class GuestOps:
-  """A relaunched worker's join of the running epoch (hooks.elastic.rejoin): `join` (feeds
-  `worker`, `epoch`, `token`) answers [elastic_graph's JOINED, NOT_FENCED, CLOSED or FULL; the batches
-  of `epoch` its earlier process trained]; `ready` (feeds `worker`, `epoch`): its session is
-  ready for its first step, the next aggregation may take it in (its join stays pending until
-  then); `started[worker]`: the step of its first marker once an aggregation took it into the
+  """A relaunched worker's (or a spare's) join of the running epoch (hooks.elastic.rejoin):
+  `join` (feeds `worker`, `epoch`, `token`, `spares`) answers [elastic_graph's JOINED,
+  NOT_FENCED, CLOSED or FULL; the batches of `epoch` its earlier process trained]; `ready`
+  (feeds `worker`, `epoch`): its session is ready for its first step, the next aggregation may
+  take it in (its join stays pending until then); `started[worker]`: the step of its first marker once an aggregation took it into the
   steps, -1 before (and from the next epoch's start on); the step then waits for its marker,
   so it reads its first step from the step, as every worker.
   `membership`: the queue's MembershipOps with the chief's `still_lost` of a synchronous job

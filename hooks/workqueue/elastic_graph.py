@@ -30,8 +30,8 @@ from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 
 __all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "FULL", "VARIABLES",
            "per_worker", "gate", "admit", "guest_join", "spares_feed", "still_lost",
-           "refuse_fenced", "fenced",
-           "close_fenced", "register", "registered", "reclaim_ops", "membership_ops"]
+           "refuse_fenced", "fenced", "close_fenced", "register", "registered", "reclaim_ops",
+           "membership_ops"]
 
 _v1 = tf.compat.v1
 # The per-worker vectors of an elastic queue (name, initial value).
