@@ -146,9 +146,10 @@ def steps_sgd(params: dict, steps: list, gradients, learning_rate: float) -> dic
 
 
 def names_the_dead(log: str, task: str, victim: str) -> bool:
-  """Whether `task`'s log says `victim` died while it waited for it, named as the dead task
-  (not only `(also gone: ...)` beside a survivor that exited because of the victim: such a
-  survivor keeps its server up a probe period longer, process_exit.linger_at_exit;
-  docs/reliability.md, "How a dead task is noticed")."""
+  """Whether `task`'s log says `victim` died while it waited for it: named as the dead task,
+  or beside it (`(also gone: ...)`) when one probe found a survivor gone too, one that had
+  already exited because of the victim (docs/reliability.md, "How a dead task is noticed")."""
   named = [line for line in log.splitlines() if f"died while {task} waited for it" in line]
-  return "TaskDiedError" in log and any(f"{victim} died while" in line for line in named)
+  return "TaskDiedError" in log and any(
+      f"{victim} died while" in line or victim in line.partition("(also gone: ")[2]
+      for line in named)

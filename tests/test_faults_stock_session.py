@@ -129,8 +129,8 @@ def _assert_every_survivor_names(result, victim, killed_at):
     assert took < DETECT_SECS, f"{task.name} exited {took:.1f} s after the kill"
     print(f"fault: {victim} killed; {task.name} exited {took:.2f} s later "
           f"({log.count(CREATE_FAILED)} failed CreateSession calls)")
-    # The victim is the dead task: the chief, which exits at once when it finds the victim
-    # dead, keeps its server up a probe period longer, so no task names the chief instead.
+    # The victim is the dead task, or named beside it ("also gone: ...") by a task that found
+    # the chief gone too (the chief exits at once when it finds the victim dead).
     assert names_the_dead(log, task.name, victim), task.tail(30)
     assert "missing worker" not in log  # nobody blames a live worker
   return survivors

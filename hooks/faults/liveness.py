@@ -23,7 +23,6 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hooks import log as logging
 from hooks.errors import EpochSyncError, StartupTimeoutError, TaskDiedError
-from hooks.faults import process_exit
 
 __all__ = ["LivenessMonitor", "Probe", "monitor_for", "explain_lost_session", "PERIOD_SECS"]
 
@@ -39,7 +38,6 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 50),
                     ("grpc.min_reconnect_backoff_ms", 50),
                     ("grpc.max_reconnect_backoff_ms", 100)]
 _UP, _DOWN, _BUSY = "up", "down", "busy"
-_LINGER_MARGIN_SECS = 0.5  # beyond a probe period: the others' probes come within one period
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,11 +157,7 @@ class LivenessMonitor:
     raise self.died(name, why + (f" (also gone: {', '.join(others)})" if others else ""), where)
 
   def died(self, name: str, why: str, where: str) -> TaskDiedError:
-    """The TaskDiedError (logged) for task `name`, gone for reason `why`. This process will
-    most likely end because of it: its server stays up a probe period longer when it does
-    (process_exit.linger_at_exit), so that the other tasks' probes find `name` gone, not
-    this task."""
-    process_exit.linger_at_exit(max(PERIOD_SECS, self.period_secs) + _LINGER_MARGIN_SECS)
+    """The TaskDiedError (logged) for task `name`, gone for reason `why`."""
     error = TaskDiedError(
         f"{name} died while {self.task_name} waited for it {where}: {why}. Restart the whole "
         "job (every task) from the same model_dir: it resumes from its newest checkpoint",

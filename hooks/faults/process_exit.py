@@ -5,17 +5,15 @@ Typical usage (hooks.faults.recovery_guard's watcher thread):
   if in_tf and dead: exit_process(1)
 """
 
-import atexit
 import faulthandler
 import os
 import sys
-import time
 from typing import Tuple
 
 from hooks import log as logging
 from hooks.faults.step_runner import WAITING_FRAME
 
-__all__ = ["where", "in_session_run", "exit_after", "exit_process", "linger_at_exit"]
+__all__ = ["where", "in_session_run", "exit_after", "exit_process"]
 
 _HOOKS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # hooks/
 # TensorFlow's session recovery and close: _RecoverableSession._create_session (its retry loop,
@@ -60,24 +58,8 @@ def exit_after(secs: float) -> None:
   faulthandler.dump_traceback_later(secs, exit=True, file=open(os.devnull, "w"))  # pylint: disable=consider-using-with
 
 
-_linger = {"secs": 0.0}  # linger_at_exit's, once set
-
-
-def linger_at_exit(secs: float) -> None:
-  """Keeps this process, and so its server, up `secs` longer when it exits (set once).
-
-  A task that ends because another task died would otherwise be gone before the others'
-  probes find the task that died: they would name this one, which only followed it. Both
-  exits wait: the interpreter's (atexit) and exit_process's."""
-  if not _linger["secs"]:
-    _linger["secs"] = secs
-    atexit.register(time.sleep, secs)
-
-
 def exit_process(status: int) -> None:
-  """Flushes the logs and ends the process (the session's thread cannot be woken), after
-  linger_at_exit's seconds if it was called."""
-  time.sleep(_linger["secs"])
+  """Flushes the logs and ends the process at once (the session's thread cannot be woken)."""
   logging.flush()
   for stream in (sys.stdout, sys.stderr):
     try:
