@@ -11,6 +11,7 @@ import collections
 import json
 import random
 import threading
+import time
 
 import portpicker
 import pytest
@@ -121,7 +122,7 @@ def test_claims_with_1ms_deadlines_from_8_claimers_hand_out_every_unit_once():
              for job, i in (("ps", 0), ("worker", 0), ("worker", 1))]
   num_units, claimers, epochs = 300, 8, 2
   results, retries, errors = collections.defaultdict(list), [0], []
-  ready = threading.Barrier(claimers)
+  ready, stop = threading.Barrier(claimers), threading.Event()
 
   def claimer(worker_id):
     graph = tf.Graph()
@@ -137,9 +138,14 @@ def test_claims_with_1ms_deadlines_from_8_claimers_hand_out_every_unit_once():
         ready.wait()
         for epoch in range(epochs):
           unit, batches = claims.claim(session, epoch, 0).unit, 0
-          while unit >= 0:
+          while unit >= 0 and not stop.is_set():
             results[(epoch, worker_id)].append(unit)
             batches += 1
+            if batches > num_units:  # Bounded: a claim answered as a replay for ever
+              raise AssertionError(
+                  f"worker:{worker_id} took {batches} units of an epoch of {num_units}, the "
+                  f"last {results[(epoch, worker_id)][-5:]}: the ps's claim count fell behind "
+                  "its own (a lost write to the queue's state?)")
             unit = claims.claim(session, epoch, batches, (unit, 1, 1)).unit
           if epoch + 1 < epochs:
             ready.wait()  # the epoch barrier: nobody claims epoch e+1 before all ended e
@@ -151,13 +157,19 @@ def test_claims_with_1ms_deadlines_from_8_claimers_hand_out_every_unit_once():
   handler = _Counter()
   py_logging.getLogger().addHandler(handler)
   try:
-    threads = [threading.Thread(target=claimer, args=(w,)) for w in range(claimers)]
+    # Daemon threads: one that never ends cannot keep pytest's process from exiting.
+    threads = [threading.Thread(target=claimer, args=(w,), daemon=True)
+               for w in range(claimers)]
     for t in threads:
       t.start()
+    deadline = time.monotonic() + 240
     for t in threads:
-      t.join(250)
+      t.join(max(0.0, deadline - time.monotonic()))
   finally:
+    stop.set()
     py_logging.getLogger().removeHandler(handler)
+  assert not [t.name for t in threads if t.is_alive()], (errors, {
+      key: len(units) for key, units in results.items()})
   assert not errors, errors
   for epoch in range(epochs):
     taken = [u for (e, _), units in results.items() if e == epoch for u in units]
