@@ -16,7 +16,7 @@ import pytest
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
-from elastic_checks import kill_inside_a_unit
+from elastic_checks import assert_rejoined, kill_inside_a_unit
 from test_k8s_manifest import ELASTIC_MANIFEST, _container, _env, _load
 
 pytestmark = [pytest.mark.cluster]
@@ -62,10 +62,14 @@ def test_on_failure_restarts_the_killed_worker_alone_and_it_rejoins(tmp_path):
   codes = {n: r.returncode for n, r in result.tasks.items() if not n.startswith("ps")}
   assert set(codes.values()) == {0}, [(t.name, t.returncode, t.tail())
                                       for t in result.tasks.values()]
-  assert "worker:1 rejoined the running job" in open(os.path.join(logs, "worker-1.log")).read()
+  relaunched = open(os.path.join(logs, "worker-1.log")).read()
+  assert "worker:1 rejoined the running job" in relaunched
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == [0, 1, 2]
-  assert audit[0]["lost_workers"] == ["worker:1"] and "lost_workers" not in audit[-1]
+  # Lost in epoch 0: the chief arrived for it until the epoch it joined, epoch 0 itself when
+  # the new process joined before the chief's gather of it (a fast relaunch).
+  assert_rejoined(audit, relaunched)
+  assert "lost_workers" not in audit[-1], audit[-1]
   for line in audit:  # every unit once, whole
     assert sorted(u["index"] for u in line["units"]) == list(range(len(units))), line
     for u in line["units"]:
