@@ -24,9 +24,10 @@ so each job's training span is timed too, from epoch 0's end to the last epoch's
 audit's releases: the kill is in epoch 1), and span_loss = span - uninterrupted's span: the
 same loss without the start-up's noise. Its bound is the detection plus one unit's time
 (unit_secs: a unit's batches at the uninterrupted job's pace per worker). Stop-and-relaunch
-loses every task's work since the newest checkpoint plus a whole job's restart. With a save period P, that work is P/2 on
-average: the JSON gives the measured loss plus P/2 for P = 600 s, and its ratio to the elastic
-loss (at least the detection: a loss below it is the runs' noise).
+loses every task's work since the newest checkpoint plus a whole job's restart. With a save
+period P, that work is P/2 on average: the JSON gives the measured loss plus P/2 for P = 600 s,
+and its ratio to the elastic loss (at least the detection: a loss below it is the runs'
+noise).
 
 The span loss is still as noisy as the spans (seconds from job to job on 2 busy cores), so
 the lost worker's absence is also timed directly: slot_gap, from the kill to the first unit
@@ -129,10 +130,15 @@ def _found_after(cluster: LocalCluster, killed_at: float) -> Optional[float]:
   return None if found is None else _after(found, killed_at)
 
 
+def _spare_tasks() -> List[str]:
+  """The spares' task names: the tasks after the 4 workers."""
+  return [f"worker:{i}" for i in range(_WORKERS, _WORKERS + _SPARES.value)]
+
+
 def _spare_joined_after(cluster: LocalCluster, killed_at: float) -> Optional[float]:
   """Seconds from the kill to a spare's line that it joined in the victim's place."""
-  for index in range(_WORKERS, _WORKERS + _SPARES.value):
-    found = _SPARE_JOINED.search(_log(cluster, f"worker:{index}"))
+  for task in _spare_tasks():
+    found = _SPARE_JOINED.search(_log(cluster, task))
     if found:
       return _after(found, killed_at)
   return None
@@ -141,8 +147,7 @@ def _spare_joined_after(cluster: LocalCluster, killed_at: float) -> Optional[flo
 def _slot_gap(cluster: LocalCluster, killed_at: float) -> Optional[float]:
   """Seconds from the kill to the first unit its replacement (a spare, or the relaunched
   victim) took: the time the lost worker's place trained nothing."""
-  tasks = [_VICTIM] + [f"worker:{i}" for i in range(_WORKERS, _WORKERS + _SPARES.value)]
-  gaps = [gap for task in tasks for gap in (_after(m, killed_at) for m in
+  gaps = [gap for task in [_VICTIM] + _spare_tasks() for gap in (_after(m, killed_at) for m in
                                               _TOOK.finditer(_log(cluster, task))) if gap > 0]
   return min(gaps, default=None)
 

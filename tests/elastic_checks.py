@@ -24,6 +24,17 @@ def wait_for(path: str, pattern: str, deadline: float, after: int = 0) -> int:
   raise AssertionError(f"{pattern!r} never appeared in {path}")
 
 
+def logged_at(log: str, pattern: str, near: float, levels: str = "IW") -> float:
+  """The time (epoch seconds) of the first line at one of `levels` (absl's I, W) matching
+  `pattern` in `log`; the logs are in local time, HH:MM:SS.f, of the day of `near`."""
+  found = re.search(rf"^[{levels}]\d{{4}} (\d\d):(\d\d):(\d\d\.\d+) .*" + pattern, log,
+                    re.M)
+  assert found, (pattern, log[-3000:])
+  h, m, s = found.groups()
+  day = time.localtime(near)
+  return time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s)
+
+
 def assert_rejoined(audit: List[dict], relaunched_log: str, name: str = "worker:1"
                     ) -> Tuple[int, bool]:
   """A relaunched `name` joined epoch N (its log says so): the chief arrived for it at every

@@ -9,7 +9,6 @@ part of its unit that the model holds, which the unit's next worker skips.
 """
 
 import os
-import re
 import signal
 import sys
 import time
@@ -19,7 +18,7 @@ import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster, run_cluster
-from elastic_checks import assert_rejoined, kill_inside_a_unit, wait_for
+from elastic_checks import assert_rejoined, kill_inside_a_unit, logged_at, wait_for
 
 pytestmark = [pytest.mark.cluster]
 
@@ -63,12 +62,8 @@ def test_a_worker_killed_inside_a_unit_is_left_behind_and_every_unit_is_trained_
   step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
   assert 2 * sum(UNITS) - 1 <= step <= 2 * sum(UNITS), step
   chief_log = open(os.path.join(str(tmp_path / "logs"), "worker-0.log")).read()
-  found = re.search(r"\nW\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*worker:1 is lost in epoch 0 "
-                    rf".*elastic: its unit {unit} .*goes back to the queue", chief_log)
-  assert found, chief_log[-3000:]
-  h, m, s = found.groups()  # the chief's log is in local time, as time.localtime()
-  day = time.localtime(killed_at)
-  found_at = time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s)
+  found_at = logged_at(chief_log, rf"worker:1 is lost in epoch 0 .*elastic: its unit {unit} "
+                       ".*goes back to the queue", killed_at, levels="W")
   print(f"worker:1 found lost {found_at - killed_at:.2f} s after the kill")
   assert 0 < found_at - killed_at < 10, (killed_at, found_at)  # a probe a second
   # Relaunching the whole job brings worker:1 back: the new run lifts the fence the checkpoint

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster, run_cluster
-from elastic_checks import assert_equals_the_oracle, kill_inside_a_unit
+from elastic_checks import assert_equals_the_oracle, kill_inside_a_unit, logged_at
 from log_checks import alarms
 
 pytestmark = [pytest.mark.cluster]
@@ -37,15 +37,6 @@ def _command(tmp_path, sync: bool, epochs: int):
                  "--epochsync_elastic", "--epochsync_spare_workers=1", "--step_sleep_secs=0.1",
                  "--epochsync_save_checkpoint_secs=0"] + (
                      [f"--record_steps_dir={tmp_path}"] if sync else [])
-
-
-def _logged_at(log: str, pattern: str, near: float) -> float:
-  """The time (epoch seconds) of the first line matching `pattern` in `log` (local time)."""
-  found = re.search(r"^[IW]\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*" + pattern, log, re.M)
-  assert found, (pattern, log[-3000:])
-  h, m, s = found.groups()
-  day = time.localtime(near)
-  return time.mktime(day[:3] + (int(h), int(m), 0) + day[6:]) + float(s)
 
 
 def _assert_every_unit_once(audit):
@@ -76,7 +67,7 @@ def test_a_spare_joins_in_place_of_a_killed_worker_and_its_relaunch_stands_by(tm
   spare = open(os.path.join(logs, "worker-3.log")).read()
   relaunched = open(os.path.join(logs, "worker-1.log")).read()
   assert "worker:3 stands by as a spare" in spare, spare[-3000:]
-  joined_at = _logged_at(spare, r"worker:3 joined epoch 0 \(a spare, in place of a lost "
+  joined_at = logged_at(spare, r"worker:3 joined epoch 0 \(a spare, in place of a lost "
                          r"worker\)", killed_at)
   print(f"the spare joined {joined_at - killed_at:.2f} s after the kill")
   assert 0 < joined_at - killed_at < 5, (killed_at, joined_at)

@@ -58,9 +58,10 @@ class GuestOps:
   `join` (feeds `worker`, `epoch`, `token`, `spares`) answers [elastic_graph's JOINED,
   NOT_FENCED, CLOSED or FULL; the batches of `epoch` its earlier process trained]; `ready`
   (feeds `worker`, `epoch`): its session is ready for its first step, the next aggregation may
-  take it in (its join stays pending until then); `started[worker]`: the step of its first marker once an aggregation took it into the
-  steps, -1 before (and from the next epoch's start on); the step then waits for its marker,
-  so it reads its first step from the step, as every worker.
+  take it in (its join stays pending until then); `started[worker]`: the step of its first
+  marker once an aggregation took it into the steps, -1 before (and from the next epoch's
+  start on); the step then waits for its marker, so it reads its first step from the step, as
+  every worker.
   `membership`: the queue's MembershipOps with the chief's `still_lost` of a synchronous job
   (it cancels a guest's join no step took in yet, so the chief arrives for it). `spares`: the
   job's spare workers, fed to `join` (FULL: the process stands by; MembershipOps)."""
