@@ -29,7 +29,8 @@ class _BlockingSession:
 
 
 def test_exports():
-  assert waiting.__all__ == ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options"]
+  assert waiting.__all__ == ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options",
+                              "run_uncancelled"]
 
 
 def test_run_options_never_below_one_millisecond():
@@ -137,3 +138,28 @@ def test_no_element_is_lost_by_a_wait_that_ticks_every_millisecond():
       got.append(int(call.result()))
     thread.join(10)
     assert got == list(range(n))
+
+
+def test_run_uncancelled_gives_up_without_cancelling_and_the_run_ends_later():
+  graph = tf.Graph()
+  with graph.as_default():
+    queue = tf.queue.FIFOQueue(2, tf.int64)
+    take, put, size = queue.dequeue(), queue.enqueue(7), queue.size()
+  with tf.compat.v1.Session(graph=graph) as session:
+    started = time.monotonic()
+    with pytest.raises(tf.errors.DeadlineExceededError, match="the run was left to end"):
+      waiting.run_uncancelled(session, take, wait_secs=0.2)
+    assert 0.2 <= time.monotonic() - started < 5
+    session.run(put)  # the dequeue left behind takes it: it was never cancelled
+    deadline = time.monotonic() + 10
+    while session.run(size) and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert session.run(size) == 0
+    assert waiting.run_uncancelled(session, put, wait_secs=5) is None
+
+
+def test_run_uncancelled_gives_its_run_no_deadline_of_the_callers():
+  session = _BlockingSession()
+  session.release.set()
+  assert waiting.run_uncancelled(session, "x", wait_secs=0.5) == 42
+  assert session.options[0].timeout_in_ms >= waiting.MAX_WAIT_SECS * 1000

@@ -26,7 +26,7 @@ from hooks import log as logging
 from hooks.checkpoint import mid_epoch
 from hooks.checkpoint.mid_epoch import EPOCH, MID_EPOCH_DIR, STEPS
 from hooks.errors import ConfigError
-from hooks.faults.waiting import run_options
+from hooks.faults.waiting import run_options, run_uncancelled
 from hooks.workqueue.audit import worker_name
 from hooks.workqueue.layout import fingerprint_value, units_of_size
 from hooks.workqueue.resume_plan import plan_resume
@@ -82,7 +82,7 @@ class UnitResumeHook(_v1.train.SessionRunHook):
       position_of = lambda owner: _applied(applied, owner, position[EPOCH])
     self.plan = plan_resume(saved, ops.layout, position_of, resumed_step=max(steps, 0))
     self._record(position[EPOCH], parts)
-    session.run(ops.assign, {ops.new_vector: self.plan.state}, options=run_options(_TIMEOUT_SECS))
+    run_uncancelled(session, ops.assign, {ops.new_vector: self.plan.state}, _TIMEOUT_SECS)
     logging.info("the work queue resumes epoch %d from %s: %s", position[EPOCH], path,
                  self.plan.describe())
 

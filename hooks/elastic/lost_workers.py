@@ -33,7 +33,7 @@ import tensorflow as tf
 from hooks import log as logging
 from hooks.faults import step_retry
 from hooks.faults.liveness import PERIOD_SECS, LivenessMonitor
-from hooks.faults.waiting import run_options
+from hooks.faults.waiting import run_uncancelled
 from hooks.workqueue.queue_graph import FENCE_MARK
 from hooks.workqueue.unit_passes import UnitPasses
 
@@ -140,7 +140,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
 
   def _run(self, session, fetches, feeds, what: str):
     return step_retry.run_rerunnable(
-        lambda: session.run(fetches, feeds, options=run_options(_RUN_TIMEOUT_SECS)),
+        lambda: run_uncancelled(session, fetches, feeds, _RUN_TIMEOUT_SECS),
         what, self._names[0])
 
   def _still_lost(self, session, worker_id: int, epoch: int) -> Optional[int]:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options"]
+__all__ = ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options", "run_uncancelled"]
 
 # A background call's own run deadline comes this long after the caller's deadline, so the
 # caller always gives up first and only an abandoned call is ever cancelled.
@@ -33,6 +33,26 @@ MAX_WAIT_SECS = 7 * 24 * 3600.0
 def run_options(timeout_secs: float) -> tf.compat.v1.RunOptions:
   """RunOptions with a deadline of `timeout_secs` (at least 1 ms)."""
   return tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout_secs * 1000)))
+
+
+def run_uncancelled(session, fetches: Any, feed_dict=None, wait_secs: float = 30.0) -> Any:
+  """session.run(fetches) that the caller gives up on after `wait_secs` without cancelling it:
+  DeadlineExceededError then, and the run goes on to its end in its thread.
+
+    unit, skip = run_uncancelled(session, claim_op, feeds, wait_secs=30)
+
+  For a run in a `tf.CriticalSection` (the work queue's lock): TensorFlow's lock lets two runs
+  in at once after a run waiting for it is cancelled (docs/reliability.md, "The work queue's
+  lock"). A caller that runs it again gets its answer from the queue (a claim, a join and a
+  reclaim are answered once).
+  """
+  call = BackgroundRun(session, fetches, time.monotonic() + wait_secs, feed_dict,
+                       run_timeout_secs=MAX_WAIT_SECS, name="epochsync-locked-run")
+  if not call.wait_until_deadline(tick_secs=wait_secs):
+    raise tf.errors.DeadlineExceededError(
+        None, None, f"no answer in {wait_secs:.3g} s (the run was left to end: a run in the "
+        "work queue's lock is never cancelled)")
+  return call.result()
 
 
 class BackgroundRun:

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from hooks.errors import StepTimeoutError
 from hooks.faults import step_retry
-from hooks.faults.waiting import run_options
+from hooks.faults.waiting import run_options, run_uncancelled
 from hooks.workqueue.unit_passes import UnitPasses
 
 __all__ = ["wire", "GuestJoin"]
@@ -47,7 +47,7 @@ def wire(queue: UnitPasses, sync_hook: Any, step_timeout_secs: float
   def on_lost(session, worker_id: int) -> None:
     feed, op = opt.sync_ops.lost_marker
     step_retry.run_rerunnable(
-        lambda: session.run(op, {feed: worker_id}, options=run_options(_RUN_TIMEOUT_SECS)),
+        lambda: run_uncancelled(session, op, {feed: worker_id}, _RUN_TIMEOUT_SECS),
         "the lost worker's marker", opt.worker_names[0])
 
   queue.claims.while_waiting = idle
@@ -72,7 +72,7 @@ class GuestJoin:
     feeds = {ops.worker: self._worker, ops.epoch: epoch, ops.token: self._token,
              ops.spares: spares}
     answer, held = step_retry.run_rerunnable(
-        lambda: session.run(ops.join, feeds, options=run_options(_RUN_TIMEOUT_SECS)),
+        lambda: run_uncancelled(session, ops.join, feeds, _RUN_TIMEOUT_SECS),
         "the guest's join", self._opt.worker_names[0])
     return int(answer), int(held)
 
@@ -81,8 +81,8 @@ class GuestJoin:
     chief's gather stood in for it at `epoch`'s end first."""
     ops = self._opt.sync_ops.guest
     return bool(step_retry.run_rerunnable(
-        lambda: session.run(ops.ready, {ops.worker: self._worker, ops.epoch: epoch},
-                            options=run_options(_RUN_TIMEOUT_SECS)),
+        lambda: run_uncancelled(session, ops.ready, {ops.worker: self._worker,
+                                                     ops.epoch: epoch}, _RUN_TIMEOUT_SECS),
         "the guest's ready mark", self._opt.worker_names[0]))
 
   def started(self, session) -> int:

@@ -1,10 +1,14 @@
-"""A worker's claims of its next unit: one run on ps:0 each, with a deadline and safe retries.
+"""A worker's claims of its next unit: one run on ps:0 each, never cancelled, with safe retries.
 
 A claim (hooks.workqueue.queue_graph) is answered once per claim number, so a claim whose answer
-was lost (its deadline expired, the ps rejected the request as a duplicate, a transient network
-error) is simply run again with the same number: the queue answers the unit it handed out
-before, or hands one out now, never both. The retries stop at `timeout_secs` with a
-ClaimTimeoutError naming the epoch, the worker and ps:0.
+was lost (the ps rejected the request as a duplicate, a transient network error) is simply run
+again with the same number: the queue answers the unit it handed out before, or hands one out
+now, never both. A claim is never cancelled: TensorFlow's lock (tf.CriticalSection) lets two
+runs in at once after a run waiting for it is cancelled (docs/reliability.md, "The work queue's
+lock"). One without an answer after `attempt_secs` is waited on (ps:0's liveness checked, a
+WARNING logged) in its thread. The waits and retries stop at `timeout_secs` with a
+ClaimTimeoutError naming the epoch, the worker and ps:0. A claim the queue answers LOST_WRITE
+(it holds fewer of the worker's claims than it answered) raises EpochSyncError.
 
 An elastic queue answers WAIT when none is left to hand out while a unit is in flight (its
 worker may be lost, and the unit come back): the worker claims again every 0.2 s until a unit
@@ -26,12 +30,12 @@ import tensorflow as tf
 
 from hooks import log as logging
 from hooks.errors import ClaimTimeoutError, EpochSyncError, WorkerFencedError
-from hooks.faults.waiting import run_options
-from hooks.workqueue.queue_graph import ANY, FENCE_MARK, FENCED, QueueOps, STALE, WAIT
+from hooks.faults.waiting import MAX_WAIT_SECS, BackgroundRun, run_options, run_uncancelled
+from hooks.workqueue.queue_graph import ANY, FENCE_MARK, FENCED, LOST_WRITE, QueueOps, STALE, WAIT
 
 __all__ = ["UnitClaims", "Claim"]
 
-_ATTEMPT_SECS = 30.0  # One claim's deadline: a claim waits only for other claims (microseconds).
+_ATTEMPT_SECS = 30.0  # How long a claim waits before it checks ps:0 and logs (never cancelled).
 _RETRY_PAUSE_SECS = 0.5
 _WAIT_POLL_SECS = 0.2  # (elastic) a worker that got WAIT claims again this often
 _TRANSIENT = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
@@ -81,9 +85,9 @@ class UnitClaims:
     batches of `epoch` its earlier process trained)
     (hooks.workqueue.elastic_graph.MembershipOps)."""
     ops = self.ops.membership
-    answer, held = session.run(ops.join, {ops.epoch: epoch, ops.worker: self._worker,
-                                          ops.token: self._token, ops.spares: spares},
-                               options=run_options(self._attempt))
+    answer, held = run_uncancelled(session, ops.join, {
+        ops.epoch: epoch, ops.worker: self._worker, ops.token: self._token,
+        ops.spares: spares}, self._attempt)
     return int(answer), int(held)
 
   def claim(self, session, epoch: int, at_batch: int,
@@ -127,6 +131,14 @@ class UnitClaims:
           f"{self.task_name} claimed a unit of epoch {epoch} but the work queue on ps:0 is in a "
           "later epoch: this worker is behind the others (a process from an earlier run?); "
           "restart the whole job")
+    if answer.unit == LOST_WRITE:
+      raise EpochSyncError(
+          f"{self.task_name}'s claim {self._seq} of epoch {epoch}: the work queue on ps:0 holds "
+          "fewer of its claims than it answered, so a write to the queue's state was lost. "
+          "TensorFlow's lock (tf.CriticalSection) let two runs in at once after a run waiting "
+          "for it was cancelled (a task killed while its run waited for the lock): see "
+          "docs/reliability.md, \"The work queue's lock\". Units of this epoch may have gone "
+          "to two workers: stop the job and relaunch it from the last epoch checkpoint")
     if answer.unit == FENCED:
       raise WorkerFencedError(
           f"{self.task_name} was found lost by the chief (elastic training: it stopped "
@@ -137,25 +149,39 @@ class UnitClaims:
     return answer
 
   def _run(self, session, feeds, epoch: int) -> Claim:
-    started = time.monotonic()
-    attempt = 0
-    while True:  # Bounded: each attempt has a deadline, and the retries stop at timeout_secs.
-      attempt += 1
-      try:
-        unit, skip = session.run(self.ops.claim, feeds, options=run_options(self._attempt))
-        return Claim(int(unit), int(skip))
-      except _TRANSIENT as e:
-        waited = time.monotonic() - started
-        if self.liveness is not None:
-          self.liveness.check(["ps:0"], f"for its claim of a unit in epoch {epoch}", force=True)
-        if waited + _RETRY_PAUSE_SECS >= self._timeout:
-          raise ClaimTimeoutError(
-              f"{self.task_name} could not claim its next unit of epoch {epoch} from the work "
-              f"queue on ps:0 for {waited:.0f} s ({attempt} attempts; the last: "
-              f"{type(e).__name__}: {e.message}); check ps:0's log and its load",
-              ["ps:0"]) from e
-        logging.warning("%s: claim %d of epoch %d got no answer (%s: %s); claiming again (a "
-                        "claim is answered once: a retry cannot take a second unit)",
-                        self.task_name, feeds[self.ops.seq], epoch, type(e).__name__,
-                        e.message.splitlines()[0] if e.message else "")
-        time.sleep(_RETRY_PAUSE_SECS)
+    """The claim's answer. A run is never cancelled (TensorFlow's lock lets two runs in at once
+    after a run waiting for it is cancelled): one not answered in `attempt_secs` is waited on
+    further, one that failed is claimed again, until `timeout_secs`."""
+    started, attempt, call = time.monotonic(), 0, None
+    while True:  # Bounded: the waits and the retries stop at timeout_secs.
+      if call is None:
+        attempt += 1
+        call = BackgroundRun(session, self.ops.claim, time.monotonic() + self._attempt, feeds,
+                             run_timeout_secs=MAX_WAIT_SECS, name="epochsync-claim")
+      error = None
+      if call.wait_until_deadline(tick_secs=self._attempt):
+        try:
+          unit, skip = call.result()
+          return Claim(int(unit), int(skip))
+        except _TRANSIENT as e:
+          call, error = None, e
+      else:
+        call.extend(time.monotonic() + self._attempt)
+      waited = time.monotonic() - started
+      if self.liveness is not None:
+        self.liveness.check(["ps:0"], f"for its claim of a unit in epoch {epoch}", force=True)
+      last = f"{type(error).__name__}: {error.message}" if error else "no answer yet"
+      if waited + _RETRY_PAUSE_SECS >= self._timeout:
+        raise ClaimTimeoutError(
+            f"{self.task_name} could not claim its next unit of epoch {epoch} from the work "
+            f"queue on ps:0 for {waited:.0f} s ({attempt} attempts; the last: {last}); check "
+            "ps:0's log and its load", ["ps:0"]) from error
+      if error is None:
+        logging.warning("%s: claim %d of epoch %d has had no answer from ps:0 for %.1f s; "
+                        "waiting on (a claim is never cancelled)", self.task_name,
+                        feeds[self.ops.seq], epoch, waited)
+        continue
+      logging.warning("%s: claim %d of epoch %d got no answer (%s); claiming again (a claim is "
+                      "answered once: a retry cannot take a second unit)", self.task_name,
+                      feeds[self.ops.seq], epoch, last.splitlines()[0])
+      time.sleep(_RETRY_PAUSE_SECS)

@@ -24,9 +24,10 @@ and a relaunched worker's join run in the same critical section (hooks.workqueue
 each claim sets the worker's `gated` count to its epoch batch count).
 The chief's `assign` (in the same critical section) writes a whole resumed state before the
 run starts (hooks.checkpoint.unit_resume).
-A claim computes the whole new state from the old and writes it with one assign, so a claim
-cancelled by its deadline (TensorFlow stops a cancelled run between two ops) changed all of it
-or nothing, and its retry learns which: no unit is lost or handed out twice.
+A claim computes the whole new state from the old and writes it with one assign. No run in the
+lock is ever cancelled (hooks.workqueue.claims): TensorFlow's lock lets a second run in beside
+the one holding it once a run waiting for it is cancelled. A claim whose worker the state
+holds fewer claims of than its `seq` (a write was lost all the same) answers LOST_WRITE.
 
 Typical usage (hooks.workqueue.claims runs it):
   ops = build(num_units=64, num_workers=4, seed=7, shuffle=True, ps_device="/job:ps/task:0")
@@ -47,10 +48,11 @@ from hooks.workqueue import elastic_graph
 from hooks.workqueue.elastic_graph import (CLOSED, FULL, JOINED, NOT_FENCED, MembershipOps,
                                            ReclaimOps, gate)
 from hooks.workqueue.layout import MAX_WORKERS, Layout, fingerprint_value
-from hooks.workqueue.state_ops import (ANY, FENCE_MARK, FENCED, NONE, STALE, WAIT,
+from hooks.workqueue.state_ops import (ANY, FENCE_MARK, FENCED, LOST_WRITE, NONE, STALE, WAIT,
                                        execute_unrecorded, fills, put)
 
 __all__ = ["QueueOps", "ReclaimOps", "MembershipOps", "Layout", "build", "gate", "STALE",
+           "LOST_WRITE",
            "JOINED", "NOT_FENCED", "CLOSED", "FULL", "WAIT", "FENCED", "FENCE_MARK",
            "ANY", "NONE", "MAX_WORKERS", "fingerprint_value"]
 
@@ -94,8 +96,7 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
                       "use static shards (EpochInput over a dataset) for a larger job")
   layout = Layout(num_units)
   with _v1.device(ps_device), tf.name_scope("epochsync_workqueue"):
-    # A claim writes the whole vector with one assign: a claim cancelled half-way (its
-    # deadline) changed all of it or nothing.
+    # A claim writes the whole vector with one assign.
     state = _v1.get_variable(
         "epochsync/workqueue/state", [layout.size], tf.int64,
         _v1.constant_initializer(-1), trainable=False, use_resource=True)
@@ -217,9 +218,12 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
                     tf.constant(WAIT, tf.int64), unit)
   written["last"] = put(parts["last"], worker, unit, new)
   header, fields = layout.join(written)
+  # The worker was answered more claims than the queue holds: a write to the state was lost.
+  lost = parts["claims"][worker] < feeds["seq"]
   answer = tf.where(stale, tf.constant(STALE, tf.int64),
                     tf.where(fenced, tf.constant(FENCED, tf.int64),
-                             tf.where(new, unit, parts["last"][worker])))
+                             tf.where(lost, tf.constant(LOST_WRITE, tf.int64),
+                                      tf.where(new, unit, parts["last"][worker]))))
   # WAIT's second field is the queue's progress (units finished, handed out): a waiting
   # worker sees it move while the units in flight end or come back.
   second = skip_of(answer)

@@ -11,13 +11,14 @@ Typical usage:
 
 import tensorflow as tf
 
-__all__ = ["STALE", "WAIT", "FENCED", "FENCE_MARK", "ANY", "NONE", "execute_unrecorded", "fills",
+__all__ = ["STALE", "WAIT", "FENCED", "LOST_WRITE", "FENCE_MARK", "ANY", "NONE", "execute_unrecorded", "fills",
            "put"]
 
 _v1 = tf.compat.v1
 STALE = -2  # a claim's answer: the queue is already in a later epoch than the claim's
 WAIT = -3  # (elastic) none left to hand out, but a unit in flight may come back: claim again
 FENCED = -4  # (elastic) the chief found this worker lost and took its unit back
+LOST_WRITE = -5  # the queue holds fewer claims of the worker than it was answered: a lost write
 FENCE_MARK = -2  # claims[w] <= FENCE_MARK: worker w is fenced (a fresh epoch keeps the mark)
 ANY, NONE = -1, -2  # a claim's `wanted`: the next unit of the order, or none (a replay's end)
 
