@@ -29,8 +29,8 @@ class _BlockingSession:
 
 
 def test_exports():
-  assert waiting.__all__ == ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options",
-                              "run_uncancelled"]
+  assert waiting.__all__ == ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "RunThread",
+                              "run_options", "run_uncancelled"]
 
 
 def test_run_options_never_below_one_millisecond():
@@ -163,3 +163,18 @@ def test_run_uncancelled_gives_its_run_no_deadline_of_the_callers():
   session.release.set()
   assert waiting.run_uncancelled(session, "x", wait_secs=0.5) == 42
   assert session.options[0].timeout_in_ms >= waiting.MAX_WAIT_SECS * 1000
+
+
+def test_a_run_thread_serves_calls_in_order_and_ends_when_idle():
+  session = _BlockingSession()
+  runs = waiting.RunThread("test-runs", idle_secs=0.2)
+  first, second = runs.submit(session, "a"), runs.submit(session, "b")
+  assert not first.wait(0.1)  # blocked: the caller gave up waiting, nothing was cancelled
+  session.release.set()
+  assert first.wait(5) and second.wait(5) and first.result() == second.result() == 42
+  assert all(o.timeout_in_ms >= waiting.MAX_WAIT_SECS * 1000 for o in session.options)
+  deadline = time.monotonic() + 5
+  while runs._thread is not None and time.monotonic() < deadline:  # pylint: disable=protected-access
+    time.sleep(0.05)
+  assert runs._thread is None  # pylint: disable=protected-access
+  assert runs.submit(session, "c").wait(5)  # a new thread serves it

@@ -14,13 +14,15 @@ Typical usage:
   value = call.result()
 """
 
+import queue
 import threading
 import time
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "run_options", "run_uncancelled"]
+__all__ = ["BackgroundRun", "GRACE_SECS", "MAX_WAIT_SECS", "RunThread", "run_options",
+           "run_uncancelled"]
 
 # A background call's own run deadline comes this long after the caller's deadline, so the
 # caller always gives up first and only an abandoned call is ever cancelled.
@@ -53,6 +55,71 @@ def run_uncancelled(session, fetches: Any, feed_dict=None, wait_secs: float = 30
         None, None, f"no answer in {wait_secs:.3g} s (the run was left to end: a run in the "
         "work queue's lock is never cancelled)")
   return call.result()
+
+
+class RunThread:
+  """One daemon thread that runs the `session.run` calls handed to it, one after another, with
+  no deadline: a caller may stop waiting for one without cancelling it. Cheaper than a thread
+  per run (about 0.1 ms a run instead of 0.25 ms here) for a hot path: a worker's claims.
+
+    runs = RunThread("epochsync-claim")
+    call = runs.submit(session, claim_op, feeds)
+    if call.wait(30):
+      unit, skip = call.result()
+
+  A call submitted while an earlier one still runs waits for it.
+  """
+
+  def __init__(self, name: str, idle_secs: float = 30.0):
+    self._calls: "queue.Queue" = queue.Queue()
+    self._name, self._idle_secs = name, idle_secs
+    self._lock = threading.Lock()
+    self._thread: Optional[threading.Thread] = None  # ends after idle_secs without a call
+
+  def submit(self, session, fetches: Any, feed_dict=None) -> "_Call":
+    call = _Call()
+    with self._lock:
+      self._calls.put((call, session, fetches, feed_dict))
+      if self._thread is None:
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=self._name)
+        self._thread.start()
+    return call
+
+  def _serve(self) -> None:
+    options = run_options(MAX_WAIT_SECS)
+    while True:  # Bounded: it ends after idle_secs without a call.
+      try:
+        call, session, fetches, feed_dict = self._calls.get(timeout=self._idle_secs)
+      except queue.Empty:
+        with self._lock:
+          if self._calls.empty():
+            self._thread = None
+            return
+        continue
+      try:
+        call.value = session.run(fetches, feed_dict=feed_dict, options=options)
+      except BaseException as e:  # pylint: disable=broad-except; handed to result()'s caller
+        call.error = e
+      finally:
+        call.done.set()
+      del call, session, fetches, feed_dict  # no reference kept while idle
+
+
+class _Call:
+  """A RunThread call: `wait(secs)` -> whether it ended; `result()` its value or its error."""
+
+  def __init__(self):
+    self.done = threading.Event()
+    self.value: Any = None
+    self.error: Optional[BaseException] = None
+
+  def wait(self, secs: float) -> bool:
+    return self.done.wait(secs)
+
+  def result(self) -> Any:
+    if self.error is not None:
+      raise self.error
+    return self.value
 
 
 class BackgroundRun:

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from hooks import log as logging
 from hooks.errors import ClaimTimeoutError, EpochSyncError, WorkerFencedError
-from hooks.faults.waiting import MAX_WAIT_SECS, BackgroundRun, run_options, run_uncancelled
+from hooks.faults.waiting import RunThread, run_options, run_uncancelled
 from hooks.workqueue.queue_graph import ANY, FENCE_MARK, FENCED, LOST_WRITE, QueueOps, STALE, WAIT
 
 __all__ = ["UnitClaims", "Claim"]
@@ -59,6 +59,7 @@ class UnitClaims:
     self._epoch, self._seq = None, 0
     self._token = random.SystemRandom().getrandbits(62) + 1  # this process's joins (elastic)
     self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
+    self._runs = RunThread(f"epochsync-claims-{worker_id}")  # claims run there, never cancelled
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
     # (Elastic, synchronous) `(session) -> None` between two claims that answered WAIT: the
     # worker's step without a batch, which keeps the others' steps going (it paces the claims).
@@ -156,17 +157,14 @@ class UnitClaims:
     while True:  # Bounded: the waits and the retries stop at timeout_secs.
       if call is None:
         attempt += 1
-        call = BackgroundRun(session, self.ops.claim, time.monotonic() + self._attempt, feeds,
-                             run_timeout_secs=MAX_WAIT_SECS, name="epochsync-claim")
+        call = self._runs.submit(session, self.ops.claim, feeds)
       error = None
-      if call.wait_until_deadline(tick_secs=self._attempt):
+      if call.wait(self._attempt):
         try:
           unit, skip = call.result()
           return Claim(int(unit), int(skip))
         except _TRANSIENT as e:
           call, error = None, e
-      else:
-        call.extend(time.monotonic() + self._attempt)
       waited = time.monotonic() - started
       if self.liveness is not None:
         self.liveness.check(["ps:0"], f"for its claim of a unit in epoch {epoch}", force=True)
