@@ -78,6 +78,12 @@ _SPARES = flags.DEFINE_integer("spare_workers", 0, "The elastic jobs (uninterrup
                                "elastic) get this many spare workers besides the 4 "
                                "(--epochsync_spare_workers); stop-and-relaunch has none.",
                                lower_bound=0)
+_RELAUNCH = flags.DEFINE_bool("relaunch", True, "The elastic job relaunches the killed worker "
+                              "(--norelaunch with --spare_workers: the spare alone takes its "
+                              "place, and no start-up of a new process shares the cores).")
+_WITH_RESTART = flags.DEFINE_bool("stop_relaunch", True, "Run the stop-and-relaunch job too "
+                                  "(--nostop_relaunch: the elastic job against the "
+                                  "uninterrupted one only).")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 
 _TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_task.py")
@@ -164,7 +170,7 @@ def _job(kind: str) -> Dict[str, float]:
     if kind not in ("uninterrupted", "plain"):
       killed_at = _kill_in_epoch_1(cluster, time.monotonic() + 300)
       row["kill_at_secs"] = round(time.monotonic() - start, 3)
-    if kind == "elastic":
+    if kind == "elastic" and _RELAUNCH.value:
       while cluster.results()[_VICTIM].returncode is None:
         time.sleep(0.02)
       cluster.restart_task(_VICTIM)
@@ -176,7 +182,8 @@ def _job(kind: str) -> Dict[str, float]:
       if spares:
         joined = _spare_joined_after(cluster, killed_at)
         row["spare_joined_secs"] = None if joined is None else round(joined, 3)
-  codes = {n: r.returncode for n, r in result.tasks.items()}
+  codes = {n: r.returncode for n, r in result.tasks.items()
+           if kind != "elastic" or _RELAUNCH.value or n != _VICTIM}
   if kind != "stop_relaunch":
     if any(codes.values()):
       raise RuntimeError(f"{kind}: exit codes {codes}; logs in {logs}")
@@ -214,8 +221,8 @@ def main(argv):
   runs = []
   for rep in range(_REPETITIONS.value):
     row = {"repetition": rep, "load_before": common.load_average()}
-    kinds = ("uninterrupted",) if _STEP_COST.value else ("uninterrupted", "elastic",
-                                                         "stop_relaunch")
+    kinds = ("uninterrupted",) if _STEP_COST.value else (
+        ("uninterrupted", "elastic") + (("stop_relaunch",) if _WITH_RESTART.value else ()))
     for kind in (("plain",) if _SYNC.value else ()) + kinds:
       row[kind] = _job(kind)
     if _SYNC.value:  # What elastic synchronous steps cost: per step, and the whole job.
@@ -228,7 +235,7 @@ def main(argv):
       runs.append(row)
       print(row, flush=True)
       continue
-    for kind in ("elastic", "stop_relaunch"):
+    for kind in ("elastic", "stop_relaunch")[:1 + _WITH_RESTART.value]:
       wall, span = (row[kind][f] - row["uninterrupted"][f] for f in ("wall_secs", "span_secs"))
       row[kind]["loss_secs"], row[kind]["span_loss_secs"] = round(wall, 3), round(span, 3)
     elastic = row["elastic"]
@@ -237,11 +244,12 @@ def main(argv):
     if elastic["slot_gap_secs"] is not None:  # the same loss from the gap: far less noisy
       elastic["gap_loss_secs"] = round(_gap_loss(elastic["slot_gap_secs"],
                                                  elastic["detection_secs"]), 3)
-    floor = max(elastic["loss_secs"], elastic["detection_secs"])
-    restart = row["stop_relaunch"]["loss_secs"]
-    row["ratio_measured"] = round(restart / floor, 1)
-    row["stop_relaunch_loss_at_600s_secs"] = round(restart + _PERIOD_SECS / 2, 1)
-    row["ratio_at_600s"] = round(row["stop_relaunch_loss_at_600s_secs"] / floor, 1)
+    if _WITH_RESTART.value:
+      floor = max(elastic["loss_secs"], elastic["detection_secs"])
+      restart = row["stop_relaunch"]["loss_secs"]
+      row["ratio_measured"] = round(restart / floor, 1)
+      row["stop_relaunch_loss_at_600s_secs"] = round(restart + _PERIOD_SECS / 2, 1)
+      row["ratio_at_600s"] = round(row["stop_relaunch_loss_at_600s_secs"] / floor, 1)
     row["load_after"] = common.load_average()
     runs.append(row)
     print(row, flush=True)
@@ -260,11 +268,13 @@ def main(argv):
   summary = {"elastic_loss_secs": median("elastic", "loss_secs"),
              "elastic_span_loss_secs": median("elastic", "span_loss_secs"),
              "detection_secs": median("elastic", "detection_secs"),
-             "bound_secs": median("elastic", "bound_secs"),
-             "stop_relaunch_loss_secs": median("stop_relaunch", "loss_secs"),
-             "stop_relaunch_span_loss_secs": median("stop_relaunch", "span_loss_secs"),
-             "ratio_measured": statistics.median(r["ratio_measured"] for r in runs),
-             "ratio_at_600s": statistics.median(r["ratio_at_600s"] for r in runs)}
+             "bound_secs": median("elastic", "bound_secs")}
+  if _WITH_RESTART.value:
+    summary.update({
+        "stop_relaunch_loss_secs": median("stop_relaunch", "loss_secs"),
+        "stop_relaunch_span_loss_secs": median("stop_relaunch", "span_loss_secs"),
+        "ratio_measured": statistics.median(r["ratio_measured"] for r in runs),
+        "ratio_at_600s": statistics.median(r["ratio_at_600s"] for r in runs)})
   if _SYNC.value:
     for key in ("elastic_over_plain", "step_over_plain"):
       summary[key] = statistics.median(r[key] for r in runs)
@@ -279,7 +289,7 @@ def main(argv):
   common.write_results(_OUTPUT.value, {"runs": runs, "medians": summary}, sys.argv,
                        workers=_WORKERS, total_batches=_TOTAL.value, unit_batches=_UNIT.value,
                        epochs=_EPOCHS.value, step_sleep_secs=_SLEEP.value, sync=_SYNC.value,
-                       spare_workers=_SPARES.value)
+                       spare_workers=_SPARES.value, relaunch=_RELAUNCH.value)
 
 
 if __name__ == "__main__":
