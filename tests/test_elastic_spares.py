@@ -130,3 +130,48 @@ def test_a_spare_of_a_healthy_job_trains_nothing_and_ends_with_it(tmp_path):
     assert not loud, (name, loud)
   spare = open(os.path.join(logs, "worker-2.log")).read()
   assert "worker:2 stands by as a spare" in spare and "this process ends" in spare, spare[-3000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_whole_job_relaunched_mid_epoch_resumes_the_units_a_joined_spare_held(tmp_path, sync):
+  """worker:1 is killed in epoch 0 and never relaunched: the spare (worker:3) trains in its
+  place. In epoch 1, after the spare took a unit and a mid-epoch checkpoint followed, every
+  task is killed. The whole job relaunched resumes that checkpoint: the spare's units keep
+  their record or resume after its batches in the model (its own position, asynchronous), the
+  spare stands by again, and every unit of each epoch is trained once, whole. Seen failing
+  before the resume reset the queue's gated counts: the chief's stand-in for the spare carried
+  its batches of the first attempt, and the epoch's audit refused them (WorkQueueError)."""
+  logs, model_dir = str(tmp_path / "logs"), str(tmp_path / "model")
+  command = [c for c in _command(tmp_path, sync, 2) if "save_checkpoint_secs" not in c] + [
+      "--epochsync_save_checkpoint_secs=0", "--epochsync_save_checkpoint_steps=2"]
+  with LocalCluster(num_workers=4, timeout_secs=180, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(command, per_task_args={"worker:1": ["--slowdown=2"]})
+    kill_inside_a_unit(cluster, os.path.join(logs, "worker-1.log"), UNITS,
+                       time.monotonic() + 90, min_batches=6)
+    deadline = time.monotonic() + 120
+    while not re.search(r"worker:3 took unit \d+ .* in epoch 1",
+                        open(os.path.join(logs, "worker-3.log")).read()):
+      assert time.monotonic() < deadline, "the spare never took a unit of epoch 1"
+      time.sleep(0.05)
+    time.sleep(1.0)  # its batches go on, and mid-epoch checkpoints every 2 steps hold them
+    for name in ("worker:0", "worker:2", "worker:3", "ps:0"):
+      cluster.kill_task(name)
+  again = run_cluster(command, num_workers=4, timeout_secs=120,
+                      log_dir=str(tmp_path / "logs-again"))
+  assert {n: r.returncode for n, r in again.tasks.items()} == {
+      f"worker:{i}": 0 for i in range(4)}, [(t.name, t.returncode, t.tail())
+                                            for t in again.tasks.values()]
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1]
+  _assert_every_unit_once(audit)
+  resumed = audit[1]
+  assert resumed["attempts"] == [1, 2] and resumed["spare_workers"] == ["worker:3"], resumed
+  held = [u for u in resumed["units"] if u["worker"] == "worker:3"]
+  assert held, resumed["units"]  # the spare's units of the first attempt, kept from it
+  spare = open(os.path.join(str(tmp_path / "logs-again"), "worker-3.log")).read()
+  assert "worker:3 stands by as a spare" in spare, spare[-3000:]
+  if not sync:  # asynchronous: an update in flight at the save may be in the model or not
+    step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
+    assert abs(step - 2 * sum(UNITS)) <= 3, step

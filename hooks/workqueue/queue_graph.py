@@ -115,7 +115,8 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     result = execute_unrecorded(lock, claim)
     vector = state.read_value()
     new_vector = _v1.placeholder(tf.int64, [layout.size], "new_state")
-    assign = execute_unrecorded(lock, functools.partial(_assign, state, new_vector))
+    assign = execute_unrecorded(lock, functools.partial(_assign, state, new_vector, gated,
+                                                        layout))
     reclaim = elastic_graph.reclaim_ops(lock, state, gated, layout) if elastic else None
     membership = (elastic_graph.membership_ops(lock, state, (gated, closed, joined_by), layout)
                   if elastic else None)
@@ -130,8 +131,16 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
                   joined_by=joined_by, **feeds)
 
 
-def _assign(state, vector) -> tf.Tensor:
-  with tf.control_dependencies([state.assign(vector)]):
+def _assign(state, vector, gated: "tf.Variable | None", layout: Layout) -> tf.Tensor:
+  """Writes a whole (resumed) state; with elastic, every worker's gated count starts where the
+  resume starts its batch count (a worker that claims nothing in this run, a spare standing
+  by, keeps no count of the checkpoint's attempt: the chief's stand-in carries that count)."""
+  writes = [state.assign(vector)]
+  if gated is not None:
+    parts = layout.parts(vector)
+    start = parts["epoch"] * graph_keys.EPOCH_SHIFT + parts["resumed_step"]
+    writes.append(gated.assign(tf.fill([MAX_WORKERS], start)))
+  with tf.control_dependencies(writes):
     return tf.constant(0, tf.int64)
 
 
