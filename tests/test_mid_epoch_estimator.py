@@ -180,7 +180,9 @@ def test_local_mode_saves_mid_epoch_and_resumes_exactly(tmp_path, data):
     assert totals == [(6, 6 * BATCH)]
   resumed = audit[1]["resumed_from"]
   assert audit[1]["attempts"] == [1, 2] and len(resumed) == 1, audit[1]
-  assert resumed[0]["skipped_batches"]["worker:0"] >= 2, resumed
+  # The kill comes at the epoch's first mid-epoch save: after 1 or 2 of its batches, as the
+  # saver's step count lands (seen once in a CI rehearsal: global step 7, 1 batch).
+  assert resumed[0]["skipped_batches"]["worker:0"] >= 1, resumed
   assert [line["global_step"] for line in audit] == [6, 12]
   _assert_same_model(audit[-1]["checkpoint"], read_audit(oracle_dir)[-1]["checkpoint"],
                      "the resumed local job")
