@@ -8,7 +8,7 @@ waiting run on the ps. These tests pin that behaviour (TensorFlow 2.15 to 2.21):
 TensorFlow release fixed the lock, and docs/reliability.md ("The work queue's lock") can say so.
 
 Each run below counts the runs inside the lock (`inside`) and keeps the most seen (`most`):
-  holder: holds the lock ~0.5 s;  waiter: waits for it, then is cancelled;  third: comes after.
+  holder: holds the lock 3-5 s;  waiter: waits for it, then is cancelled;  third: comes after.
 """
 
 import subprocess
@@ -74,15 +74,16 @@ def test_a_waiter_cancelled_by_its_deadline_lets_a_second_run_in_beside_the_hold
     graph, run, n, init, most = _lock_graph()
     with _session(worker.target, graph, 0) as session:
       session.run(init)
-      holder = _hold_calibrated(session, run, n, secs=1.0)
+      holder = _hold_calibrated(session, run, n, secs=3.0)
       time.sleep(0.1)
       if cancel:
         try:
           session.run(run, {n: 1}, options=_v1.RunOptions(timeout_in_ms=100))
         except tf.errors.DeadlineExceededError:
           pass
+      assert holder.is_alive(), "the holder ended before the third run: hold it longer"
       session.run(run, {n: 1})
-      holder.join(30)
+      holder.join(60)
       assert session.run(most) == (2 if cancel else 1), cancel
 
 
@@ -95,17 +96,19 @@ def test_a_waiter_whose_process_is_killed_lets_a_second_run_in_beside_the_holder
                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
       assert child.stdout.readline().strip() == "ready"
-      holder = _hold_calibrated(session, run, n, secs=2.0)
+      holder = _hold_calibrated(session, run, n, secs=5.0)
       time.sleep(0.2)
-      child.stdin.write("go\n")  # its run waits for the lock
+      child.stdin.write("go\n")
       child.stdin.flush()
-      time.sleep(0.5)
+      assert child.stdout.readline().strip() == "running"
+      time.sleep(1.0)  # its run reaches ps:0 and waits for the lock
     finally:
       child.kill()
       child.wait(30)
-    time.sleep(0.3)
+    time.sleep(0.5)
+    assert holder.is_alive(), "the holder ended before the third run: hold it longer"
     session.run(run, {n: 1})
-    holder.join(30)
+    holder.join(60)
     assert session.run(most) == 2
 
 
@@ -119,6 +122,7 @@ def _waiter(ports):
     session.run(run, {n: 1})
     print("ready", flush=True)
     sys.stdin.readline()
+    print("running", flush=True)
     session.run(run, {n: 1})
 
 
