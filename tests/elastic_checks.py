@@ -59,16 +59,30 @@ def kill_inside_a_unit(cluster, log_path: str, units: Sequence[int], deadline: f
                        inside_secs: float = 1.0, min_batches: int = 4) -> Tuple[int, float]:
   """Sends `victim` `sig` `inside_secs` into the first unit of `min_batches` or more batches it
   takes in epoch 0; the unit's index and the time of the signal."""
-  took = re.compile(re.escape(victim) + r" took unit (\d+) .* in epoch 0")
+  _, unit, at = kill_inside_a_unit_of(cluster, log_path, units, deadline, (0,), sig, victim,
+                                      inside_secs, min_batches)
+  return unit, at
+
+
+def kill_inside_a_unit_of(cluster, log_path: str, units: Sequence[int], deadline: float,
+                          epochs: Sequence[int], sig: int = signal.SIGKILL,
+                          victim: str = "worker:1", inside_secs: float = 1.0,
+                          min_batches: int = 4) -> Tuple[int, int, float]:
+  """kill_inside_a_unit in the first of `epochs` in which `victim` takes a unit of
+  `min_batches` or more (a slow victim may take only small ones in an epoch): (the epoch, the
+  unit's index, the time of the signal)."""
+  took = re.compile(re.escape(victim) + r" took unit (\d+) .* in epoch (\d+)")
   while time.monotonic() < deadline:
     text = open(log_path).read() if os.path.exists(log_path) else ""
-    big = [int(u) for u in took.findall(text) if units[int(u)] >= min_batches]
+    big = [(int(e), int(u)) for u, e in took.findall(text)
+           if int(e) in epochs and units[int(u)] >= min_batches]
     if big:
       time.sleep(inside_secs)
       cluster.kill_task(victim, sig)
-      return big[0], time.time()
+      return big[0][0], big[0][1], time.time()
     time.sleep(0.02)
-  raise AssertionError(f"{victim} never took a unit of {min_batches} or more batches in epoch 0")
+  raise AssertionError(f"{victim} never took a unit of {min_batches} or more batches in epochs "
+                       f"{list(epochs)}")
 
 
 def _stream(line: dict, name: str) -> List[Tuple[int, int]]:
