@@ -177,11 +177,14 @@ def test_an_estimator_job_goes_on_without_a_killed_worker_and_trains_every_unit_
                               "--step_sleep_secs=0.05", "--epochsync_save_checkpoint_secs=0"]
   with LocalCluster(num_workers=3, num_ps=1, has_chief=True, timeout_secs=240,
                     fail_fast_secs=None, log_dir=logs) as cluster:
-    cluster.start(command, per_task_args={"worker:0": ["--step_sleep_secs=0.4"]})
-    # The slowed victim takes few units: in a CI rehearsal only small ones in epoch 0.
+    cluster.start(command, per_task_args={"worker:0": ["--step_sleep_secs=1.0"]})
+    # The slowed victim takes few units, and with this seed's orders the small ones: in a CI
+    # rehearsal units of 1, 1 and 2 batches in epoch 0, 1 and 2 in epoch 1. So the kill comes
+    # 1.5 s into its first unit of 2 or more batches (1 s each), in epoch 0 or 1.
     killed_in, unit, _ = kill_inside_a_unit_of(cluster, os.path.join(logs, "worker-0.log"),
                                                UNITS, time.monotonic() + 120, (0, 1),
-                                               victim="worker:0")
+                                               victim="worker:0", inside_secs=1.5,
+                                               min_batches=2)
     result = cluster.wait()
   codes = {name: r.returncode for name, r in result.tasks.items()}
   assert codes == {"chief:0": 0, "worker:0": -9, "worker:1": 0}, [
