@@ -96,22 +96,26 @@ class RunThread:
             self._thread = None
             return
         continue
-      try:
-        call.value = session.run(fetches, feed_dict=feed_dict, options=options)
-      except BaseException as e:  # pylint: disable=broad-except; handed to result()'s caller
-        call.error = e
-      finally:
-        call.done.set()
+      call.run(session, fetches, feed_dict, options)
       del call, session, fetches, feed_dict  # no reference kept while idle
 
 
 class _Call:
-  """A RunThread call: `wait(secs)` -> whether it ended; `result()` its value or its error."""
+  """One `session.run` in another thread (RunThread's, BackgroundRun's): `run` keeps its value
+  or its error; `wait(secs)` -> whether it ended; `result()` its value, or raises its error."""
 
   def __init__(self):
     self.done = threading.Event()
     self.value: Any = None
     self.error: Optional[BaseException] = None
+
+  def run(self, session, fetches, feed_dict, options) -> None:
+    try:
+      self.value = session.run(fetches, feed_dict=feed_dict, options=options)
+    except BaseException as e:  # pylint: disable=broad-except; handed to result()'s caller
+      self.error = e
+    finally:
+      self.done.set()
 
   def wait(self, secs: float) -> bool:
     return self.done.wait(secs)
@@ -145,23 +149,14 @@ class BackgroundRun:
                grace_secs: float = GRACE_SECS, clock: Callable[[], float] = time.monotonic,
                name: str = "epochsync-wait", run_timeout_secs: Optional[float] = None):
     self._clock, self._deadline = clock, deadline
-    self._done = threading.Event()
-    self._value: Any = None
-    self._error: Optional[BaseException] = None
+    self._call = _Call()
     if run_timeout_secs is None:
       run_timeout_secs = max(0.0, deadline - clock()) + grace_secs
     options = run_options(run_timeout_secs)
     self._thread = threading.Thread(
-        target=self._run, args=(session, fetches, feed_dict, options), daemon=True, name=name)
+        target=self._call.run, args=(session, fetches, feed_dict, options), daemon=True,
+        name=name)
     self._thread.start()
-
-  def _run(self, session, fetches, feed_dict, options) -> None:
-    try:
-      self._value = session.run(fetches, feed_dict=feed_dict, options=options)
-    except BaseException as e:  # pylint: disable=broad-except; handed to result()'s caller
-      self._error = e
-    finally:
-      self._done.set()
 
   def extend(self, deadline: float) -> None:
     """Moves the caller's deadline (e.g. while the tasks it waits for make progress)."""
@@ -169,7 +164,7 @@ class BackgroundRun:
 
   @property
   def done(self) -> bool:
-    return self._done.is_set()
+    return self._call.done.is_set()
 
   def wait_until_deadline(self, tick_secs: float,
                           on_tick: Callable[[float], None] = lambda waited: None) -> bool:
@@ -180,16 +175,14 @@ class BackgroundRun:
     """
     start = self._clock()
     remaining = self._deadline - start
-    while remaining > 0 and not self._done.wait(min(tick_secs, remaining)):
+    while remaining > 0 and not self._call.wait(min(tick_secs, remaining)):
       remaining = self._deadline - self._clock()
       if remaining > 0:
         on_tick(self._clock() - start)
-    return self._done.is_set()
+    return self._call.done.is_set()
 
   def result(self) -> Any:
     """The run's value, or re-raises its error; call only after the call ended."""
-    if not self._done.is_set():
+    if not self._call.done.is_set():
       raise RuntimeError("BackgroundRun.result() called before the run ended")
-    if self._error is not None:
-      raise self._error
-    return self._value
+    return self._call.result()

@@ -11,8 +11,8 @@ Typical usage:
 
 import tensorflow as tf
 
-__all__ = ["STALE", "WAIT", "FENCED", "LOST_WRITE", "FENCE_MARK", "ANY", "NONE", "execute_unrecorded", "fills",
-           "put"]
+__all__ = ["STALE", "WAIT", "FENCED", "LOST_WRITE", "FENCE_MARK", "ANY", "NONE",
+           "execute_unrecorded", "fills", "put"]
 
 _v1 = tf.compat.v1
 STALE = -2  # a claim's answer: the queue is already in a later epoch than the claim's
