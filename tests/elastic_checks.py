@@ -86,12 +86,20 @@ def kill_inside_a_unit_of(cluster, log_path: str, units: Sequence[int], deadline
 
 
 def _stream(line: dict, name: str) -> List[Tuple[int, int]]:
-  """(unit, batch) of every batch `name` put in the model in the epoch, in its order: its units
-  in the order it took them, then (lost) the part of its last unit another worker resumed."""
+  """(unit, batch) of every batch `name` put in the model in the epoch, in its order: (an epoch
+  resumed from a mid-epoch checkpoint) what its earlier attempt put in the model, whole units
+  and the parts of the units resumed, in the order it took them; then its units in the order it
+  took them; then (lost) the part of its last unit another worker resumed."""
+  before = sorted([(u["first_batch"] + u.get("resumed_after", 0), u["index"],
+                    u.get("resumed_after", 0), u["batches"]) for u in line["units"]
+                   if u["worker"] == name and u.get("before_resume")] +
+                  [(p["first_batch"], p["index"], p["from"], p["to"])
+                   for p in line.get("unit_parts", ()) if p["worker"] == name])
+  stream = [(unit, k) for _, unit, start, end in before for k in range(start, end)]
   # A unit's first_batch is its worker's count at the claim less the batches it skipped.
-  mine = sorted((u for u in line["units"] if u["worker"] == name),
+  mine = sorted((u for u in line["units"] if u["worker"] == name and not u.get("before_resume")),
                 key=lambda u: u["first_batch"] + u.get("resumed_after", 0))
-  stream = [(u["index"], k) for u in mine for k in range(u.get("resumed_after", 0), u["batches"])]
+  stream += [(u["index"], k) for u in mine for k in range(u.get("resumed_after", 0), u["batches"])]
   for u in line["units"]:  # The parts taken back end where the unit's finisher resumed it.
     first = u.get("resumed_after", 0) - sum(p["batches"] for p in u.get("taken_back", ()))
     for part in u.get("taken_back", ()):
@@ -117,6 +125,24 @@ def recorded_steps(records_dir: str, line: dict) -> Dict[int, List[Tuple[int, in
     for step, batch in zip(mine, stream):
       steps.setdefault(step, []).append(batch)
   return steps
+
+
+def records_across_a_relaunch(first_dir: str, again_dir: str, out_dir: str) -> str:
+  """The step records of a job killed whole and relaunched from a mid-epoch checkpoint, as one
+  run's: each worker's records of the first run before the relaunch's first step (the
+  checkpoint's global step; later ones were lost with the kill), then the relaunch's. Written
+  to `out_dir`, which is returned."""
+  def rows(directory):
+    return {name: [json.loads(r) for r in open(os.path.join(directory, name))]
+            for name in os.listdir(directory) if name.startswith("steps-worker-")}
+  first, again = rows(first_dir), rows(again_dir)
+  resumed_at = min(r["step"] for kept in again.values() for r in kept)
+  os.makedirs(out_dir, exist_ok=True)
+  for name in set(first) | set(again):
+    kept = [r for r in first.get(name, ()) if r["step"] < resumed_at] + again.get(name, [])
+    with open(os.path.join(out_dir, name), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in kept)
+  return out_dir
 
 
 def assert_equals_the_oracle(records_dir: str, audit: list, units: Sequence[int], batch: int,
