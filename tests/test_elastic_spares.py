@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster, run_cluster
-from elastic_checks import assert_equals_the_oracle, kill_inside_a_unit, logged_at
+from elastic_checks import (assert_equals_the_oracle, kill_inside_a_unit, kill_inside_a_unit_of,
+                            logged_at, records_across_a_relaunch, wait_for)
 from log_checks import alarms
 
 pytestmark = [pytest.mark.cluster]
@@ -105,6 +106,53 @@ def test_a_spare_joins_in_place_of_a_killed_worker_and_its_relaunch_stands_by(tm
   _assert_every_unit_once([last])
 
 
+@pytest.mark.timeout(240)
+def test_a_spare_that_dies_standing_by_is_named_and_stands_by_again_once_relaunched(tmp_path):
+  """The spare (worker:3) is killed while it stands by: the chief names it gone (WARNING) and
+  counts it as standing by again once its relaunched process answers. worker:1 is killed in a
+  later epoch: the relaunched spare joins in its place, as the chief's WARNING says. Before
+  the chief probed its spares, a dead spare went unnoticed and a later loss's WARNING named it
+  as joining."""
+  logs, epochs = str(tmp_path / "logs"), 8
+  chief_log, spare_log = (os.path.join(logs, f"worker-{i}.log") for i in (0, 3))
+  with LocalCluster(num_workers=4, timeout_secs=180, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path, False, epochs),
+                  per_task_args={"worker:1": ["--slowdown=2"]})
+    deadline = time.monotonic() + 90
+    wait_for(spare_log, r"worker:3 stands by as a spare", deadline)
+    time.sleep(0.5)  # the chief's probes (every 0.1 s) find it up: only then can it be gone
+    cluster.kill_task("worker:3")
+    killed_at = time.time()
+    gone = wait_for(chief_log, r"worker:3, a spare standing by, is gone \(its server", deadline)
+    while cluster.results()["worker:3"].returncode is None:  # the killed process is reaped
+      time.sleep(0.05)
+    cluster.restart_task("worker:3")
+    wait_for(chief_log, r"a new process of worker:3, a spare, answers; it stands by again",
+             deadline, after=gone)
+    took = re.findall(r"worker:1 took unit \d+ .* in epoch (\d+)",
+                      open(os.path.join(logs, "worker-1.log")).read())
+    later = range(int(took[-1]) + 1 if took else 1, epochs - 1)
+    assert later, f"the job ran out of epochs before the spare was back ({took[-1:]})"
+    kill_inside_a_unit_of(cluster, os.path.join(logs, "worker-1.log"), UNITS, deadline, later)
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert codes == {"worker:0": 0, "worker:1": -9, "worker:2": 0, "worker:3": 0}, [
+      (t.name, t.returncode, t.tail()) for t in result.tasks.values()]
+  chief = open(chief_log).read()
+  named_at = logged_at(chief, r"worker:3, a spare standing by, is gone", killed_at, levels="W")
+  print(f"the chief named the dead spare {named_at - killed_at:.2f} s after the kill")
+  assert 0 < named_at - killed_at < 5, (killed_at, named_at)
+  assert re.search(r"worker:1 is lost in epoch \d+ .*a spare standing by \(worker:3\) joins in "
+                   "its place", chief), chief[-3000:]
+  assert re.search(r"worker:3 joined epoch \d+ \(a spare, in place of a lost worker\)",
+                   open(spare_log).read()), open(spare_log).read()[-3000:]
+  audit = read_audit(str(tmp_path / "model"))
+  assert [line["epoch"] for line in audit] == list(range(epochs))
+  _assert_every_unit_once(audit)
+  assert any(u["worker"] == "worker:3" for u in audit[-1]["units"]), audit[-1]["units"]
+
+
 @pytest.mark.timeout(180)
 def test_a_spare_of_a_healthy_job_trains_nothing_and_ends_with_it(tmp_path):
   """Nobody is lost: the spare stands by to the end, the chief arrives for it at every barrier
@@ -158,6 +206,10 @@ def test_a_whole_job_relaunched_mid_epoch_resumes_the_units_a_joined_spare_held(
     time.sleep(1.0)  # its batches go on, and mid-epoch checkpoints every 2 steps hold them
     for name in ("worker:0", "worker:2", "worker:3", "ps:0"):
       cluster.kill_task(name)
+  if sync:  # the relaunch records its steps apart: the oracle takes the first run's up to it
+    os.makedirs(tmp_path / "again")
+    command = [c.replace(f"={tmp_path}", f"={tmp_path / 'again'}") if c.startswith(
+        "--record_steps_dir") else c for c in command]
   again = run_cluster(command, num_workers=4, timeout_secs=120,
                       log_dir=str(tmp_path / "logs-again"))
   assert {n: r.returncode for n, r in again.tasks.items()} == {
@@ -172,6 +224,10 @@ def test_a_whole_job_relaunched_mid_epoch_resumes_the_units_a_joined_spare_held(
   assert held, resumed["units"]  # the spare's units of the first attempt, kept from it
   spare = open(os.path.join(str(tmp_path / "logs-again"), "worker-3.log")).read()
   assert "worker:3 stands by as a spare" in spare, spare[-3000:]
-  if not sync:  # asynchronous: an update in flight at the save may be in the model or not
+  if sync:  # every batch in one step of the model, which equals the oracle's replay
+    records = records_across_a_relaunch(str(tmp_path), str(tmp_path / "again"),
+                                        str(tmp_path / "both"))
+    assert_equals_the_oracle(records, audit, UNITS, BATCH, FEATURES, LR, "linear")
+  else:  # asynchronous: an update in flight at the save may be in the model or not
     step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
     assert abs(step - 2 * sum(UNITS)) <= 3, step

@@ -99,3 +99,55 @@ def test_spare_workers_are_the_last_worker_ids_and_the_chief_is_never_one(graph)
       ConfigError, match=r"--epochsync_spare_workers=2 leaves no task to train among the job's "
                          r"2 chief and worker tasks"):
     epoch_sync_hooks(CHIEF, _queue_input(too_many), too_many)
+
+
+class _Monitor:
+  """A LivenessMonitor's answers for the chief's watch: `down` tasks refuse their probes."""
+
+  def __init__(self):
+    self.down, self.answered = set(), set()
+
+  def probe(self, names):
+    self.answered |= {n for n in names if n not in self.down}
+
+  def never_answered(self, names):
+    return [n for n in names if n not in self.answered]
+
+  def dead(self, names, known_up=(), stalled_after_secs=None):
+    self.probe(names)
+    return [(n, "its server is gone") for n in names if n in self.down and n in self.answered]
+
+  def forget(self, name):
+    self.answered.discard(name)
+
+
+class _Barrier:
+  epoch = 0
+
+  def start_epoch(self, session):
+    return self.epoch
+
+
+def test_a_spare_gone_while_it_stands_by_is_named_until_a_new_process_answers(caplog):
+  monitor, barrier = _Monitor(), _Barrier()
+  watch = LostWorkerWatch(None, barrier, monitor, ["chief:0", "worker:0", "worker:1"], 60.0,
+                          spare_ids=[2], num_epochs=2)
+  watch._spares = {"worker:1"}  # as after_create_session's _lose(spare=True) leaves it
+  said = lambda: [(r.levelname, r.getMessage()) for r in caplog.records if "worker:1" in
+                  r.getMessage()]
+  watch._watch_spares(None)  # up: nothing to say
+  monitor.down.add("worker:1")
+  watch._watch_spares(None)
+  watch._watch_spares(None)  # still gone: said once
+  assert said() == [("WARNING", "worker:1, a spare standing by, is gone (its server is gone); "
+                     "the job has no spare in its place until a process of worker:1 answers "
+                     "again (relaunch it)")]
+  assert watch._gone_spares == {"worker:1"}
+  monitor.down.clear()  # its relaunched process answers
+  watch._watch_spares(None)
+  assert said()[1:] == [("INFO", "chief:0: a new process of worker:1, a spare, answers; it "
+                         "stands by again")]
+  assert not watch._gone_spares
+  barrier.epoch, monitor.down = 2, {"worker:1"}  # the job's 2 epochs trained: it ends
+  watch._watch_spares(None)
+  assert len(said()) == 2 and not watch._gone_spares

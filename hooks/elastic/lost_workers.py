@@ -66,7 +66,11 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     on_lost: `(session, worker_id) -> None`, after the reclaim (synchronous: the chief sends
       the marker the lost worker owes; hooks.session.elastic_sync).
     spare_ids: the worker ids of the spares (--epochsync_spare_workers): fenced and arrived for
-      from the run's start, as lost ones, until one joins in place of a lost worker.
+      from the run's start, as lost ones, until one joins in place of a lost worker. They are
+      probed too while they stand by: one whose process is gone is named (WARNING) and not
+      counted as standing by until a process answers at its address again.
+    num_epochs: the job's epochs (--epochsync_num_epochs): a spare that ends once they are all
+      trained is not gone.
     membership: the queue's MembershipOps to ask at each gather (synchronous: the sync
       optimizer's, which cancels a guest's join no step took in yet); default: the queue's.
   """
@@ -75,7 +79,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
                worker_names: Sequence[str], stalled_after_secs: float,
                period_secs: Optional[float] = None,
                on_lost: Optional[Callable[[Any, int], None]] = None, membership: Any = None,
-               spare_ids: Sequence[int] = ()):
+               spare_ids: Sequence[int] = (), num_epochs: Optional[int] = None):
     self._queue, self._barrier, self._monitor = queue, barrier, monitor
     self._names = list(worker_names)
     self._period = probe_period_secs(len(self._names)) if period_secs is None else period_secs
@@ -84,6 +88,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     self._lost: set = set()
     self._spare_ids = tuple(spare_ids)
     self._spares: set = set()  # of _lost: spares standing by, not lost
+    self._gone_spares: set = set()  # of _spares: their process is gone (until one answers)
+    self._num_epochs = num_epochs
     self._rejoined: set = set()  # probed as known up: a rejoined process that is down is lost
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
@@ -124,6 +130,27 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     known_up = [n for n in names if n in self._rejoined]
     for name, why in self._monitor.dead(names, known_up, stalled_after_secs=self._stalled_after):
       self._lose(session, self._names.index(name), why)
+    if self._spares:
+      self._watch_spares(session)
+
+  def _watch_spares(self, session) -> None:
+    """A spare standing by whose process is gone (or replaced) stops counting as standing by,
+    with a WARNING, until a process answers at its address again (its relaunch)."""
+    gone = sorted(self._gone_spares)
+    if gone:
+      self._monitor.probe(gone)  # An answer records the new process's incarnation.
+      for name in sorted(set(gone) - set(self._monitor.never_answered(gone))):
+        self._gone_spares.discard(name)
+        logging.info("%s: a new process of %s, a spare, answers; it stands by again",
+                     self._names[0], name)
+    standing = sorted(self._spares - self._gone_spares)
+    for name, why in self._monitor.dead(standing):
+      self._monitor.forget(name)  # Its next answer is a new process's.
+      if self._num_epochs is not None and self._barrier.start_epoch(session) >= self._num_epochs:
+        continue  # The job's epochs are all trained: a spare ends then.
+      self._gone_spares.add(name)
+      logging.warning("%s, a spare standing by, is gone (%s); the job has no spare in its "
+                      "place until a process of %s answers again (relaunch it)", name, why, name)
 
   def _rearm_rejoined(self, session) -> None:
     """Lost workers whose fence a relaunched process lifted (it joined): probed again."""
@@ -137,6 +164,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
                      *(("joined", "a spare, in place of a lost worker") if name in self._spares
                        else ("rejoined", "a relaunched process")))
         self._spares.discard(name)
+        self._gone_spares.discard(name)
 
   def _run(self, session, fetches, feeds, what: str):
     return step_retry.run_rerunnable(
@@ -173,7 +201,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
                    "at every barrier until then", name, self._names[0])
       return
     left = len(self._names) - 1 - len(self._lost)
-    standing_by = sorted(self._spares)
+    standing_by = sorted(self._spares - self._gone_spares)
     what = (f"its unit {unit} ({self._queue.units[unit]}) goes back to the queue after the "
             f"{skip} batches of it the model holds" if unit >= 0 else "it held no unit")
     logging.warning("%s is lost in epoch %d (%s); elastic: %s, and the job goes on with %s and "

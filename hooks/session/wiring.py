@@ -152,7 +152,7 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
                                  stalled_after_secs=_stalled_after(settings, sync_hook),
                                  on_lost=on_lost, membership=None if sync_hook is None else
                                  sync_hook.optimizer.sync_ops.guest.membership,
-                                 spare_ids=spare_ids))
+                                 spare_ids=spare_ids, num_epochs=epoch_input.num_epochs))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))
