@@ -150,4 +150,18 @@ def test_a_spare_gone_while_it_stands_by_is_named_until_a_new_process_answers(ca
   assert not watch._gone_spares
   barrier.epoch, monitor.down = 2, {"worker:1"}  # the job's 2 epochs trained: it ends
   watch._watch_spares(None)
-  assert len(said()) == 2 and not watch._gone_spares
+  assert len(said()) == 2 and not watch._gone_spares and watch._stop.is_set()
+
+
+def test_workers_that_end_after_the_last_epoch_are_not_lost(caplog):
+  """The last barrier's release ends the workers while the chief still ends its session: its
+  watch must not take them for lost (a WARNING and a reclaim in a healthy job)."""
+  monitor, barrier = _Monitor(), _Barrier()
+  watch = LostWorkerWatch(None, barrier, monitor, ["chief:0", "worker:0", "worker:1"], 60.0,
+                          num_epochs=2)
+  barrier.epoch = 2
+  monitor.probe(["worker:0", "worker:1"])
+  monitor.down = {"worker:0", "worker:1"}
+  watch._watch_once(None)  # _lose would run the reclaim in the (None) session
+  assert watch._stop.is_set() and not watch._lost
+  assert [r.levelname for r in caplog.records] == ["INFO"], caplog.records

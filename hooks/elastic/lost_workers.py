@@ -69,8 +69,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
       from the run's start, as lost ones, until one joins in place of a lost worker. They are
       probed too while they stand by: one whose process is gone is named (WARNING) and not
       counted as standing by until a process answers at its address again.
-    num_epochs: the job's epochs (--epochsync_num_epochs): a spare that ends once they are all
-      trained is not gone.
+    num_epochs: the job's epochs (--epochsync_num_epochs): once they are all trained, a worker
+      or spare that ends is not lost, and the watch stops.
     membership: the queue's MembershipOps to ask at each gather (synchronous: the sync
       optimizer's, which cancels a guest's join no step took in yet); default: the queue's.
   """
@@ -128,10 +128,24 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
       self._rearm_rejoined(session)
     names = [n for n in self._names[1:] if n not in self._lost]
     known_up = [n for n in names if n in self._rejoined]
-    for name, why in self._monitor.dead(names, known_up, stalled_after_secs=self._stalled_after):
+    dead = self._monitor.dead(names, known_up, stalled_after_secs=self._stalled_after)
+    if dead and self._all_epochs_trained(session):
+      return
+    for name, why in dead:
       self._lose(session, self._names.index(name), why)
     if self._spares:
       self._watch_spares(session)
+
+  def _all_epochs_trained(self, session) -> bool:
+    """True once the last epoch's barrier released the workers: they end then, and the watch
+    stops (the chief's own end follows)."""
+    if self._num_epochs is None or self._barrier.start_epoch(session) < self._num_epochs:
+      return False
+    if not self._stop.is_set():
+      logging.info("%s: every epoch is trained; the workers end and it stops watching them",
+                   self._names[0])
+    self._stop.set()
+    return True
 
   def _watch_spares(self, session) -> None:
     """A spare standing by whose process is gone (or replaced) stops counting as standing by,
@@ -144,10 +158,11 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
         logging.info("%s: a new process of %s, a spare, answers; it stands by again",
                      self._names[0], name)
     standing = sorted(self._spares - self._gone_spares)
-    for name, why in self._monitor.dead(standing):
+    dead = self._monitor.dead(standing)
+    if dead and self._all_epochs_trained(session):
+      return
+    for name, why in dead:
       self._monitor.forget(name)  # Its next answer is a new process's.
-      if self._num_epochs is not None and self._barrier.start_epoch(session) >= self._num_epochs:
-        continue  # The job's epochs are all trained: a spare ends then.
       self._gone_spares.add(name)
       logging.warning("%s, a spare standing by, is gone (%s); the job has no spare in its "
                       "place until a process of %s answers again (relaunch it)", name, why, name)
