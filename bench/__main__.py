@@ -16,6 +16,8 @@
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
+  ./es bench --only=elastic_chaos  opt-in only: elastic jobs whose workers are killed, frozen
+                             and relaunched at random, async and sync, 3 seeds (bench/elastic_chaos.py)
 
 Each benchmark runs its compared variants alternately in one invocation (5 repetitions) and
 writes a JSON (with the load average it ran under) and, where there is one, a PNG plot.
@@ -76,6 +78,7 @@ _FULL = {
 }
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),
+    "elastic_chaos": ("bench.elastic_chaos", ["--seeds=0,1,2", "--output={out}.json"]),
 }
 
 

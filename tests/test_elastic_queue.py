@@ -95,6 +95,18 @@ def test_a_lost_worker_with_no_unit_in_flight_is_fenced_into_the_next_epochs():
   assert int(queue.state()["next"]) == 1 and int(queue.state()["claims"][1]) <= -2
 
 
+def test_a_fenced_worker_woken_after_the_queue_moved_on_is_told_it_is_fenced():
+  """A frozen worker wakes after the chief fenced it and the epoch it froze in ended: its claim
+  of that epoch answers FENCED (relaunch it), not STALE (restart the whole job). Seen in
+  bench.elastic_chaos: the woken process said to restart the whole job."""
+  queue = LocalQueue(units=2, workers=2, elastic=True)
+  queue.claim(0, worker=1, seq=0)
+  queue.reclaim(0, worker=1)
+  assert queue.claim(1, worker=0, seq=0) >= 0  # epoch 1 starts its queue
+  assert queue.claim(0, worker=1, seq=1) == FENCED
+  assert queue.claim(0, worker=0, seq=5) == queue_graph.STALE  # a member behind: STALE
+
+
 def test_a_reclaim_of_another_epoch_takes_nothing_back():
   queue = LocalQueue(units=2, workers=2, elastic=True)
   queue.claim(1, worker=1, seq=0)

@@ -229,8 +229,9 @@ def _claim(state, feeds, layout: Layout, order_of, fingerprint: int,
   header, fields = layout.join(written)
   # The worker was answered more claims than the queue holds: a write to the state was lost.
   lost = parts["claims"][worker] < feeds["seq"]
-  answer = tf.where(stale, tf.constant(STALE, tf.int64),
-                    tf.where(fenced, tf.constant(FENCED, tf.int64),
+  # FENCED first: a frozen worker woken after the queue moved on is fenced, not a stray process.
+  answer = tf.where(fenced, tf.constant(FENCED, tf.int64),
+                    tf.where(stale, tf.constant(STALE, tf.int64),
                              tf.where(lost, tf.constant(LOST_WRITE, tf.int64),
                                       tf.where(new, unit, parts["last"][worker]))))
   # WAIT's second field is the queue's progress (units finished, handed out): a waiting
