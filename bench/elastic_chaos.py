@@ -10,7 +10,9 @@ non-zero status is started again at its address after U(0, --max_relaunch_secs) 
 Kubernetes' OnFailure restart does. So the job loses and regains workers, one fault on top of
 another, until its last epoch starts; no fault comes after that.
 
-The entry of a job passes when the chief and every worker's last process exit 0, every
+The entry of a job passes when the chief and every worker's last process exit 0 (or, for a
+worker killed or frozen near the end, end killed or fenced before its relaunch was due),
+every
 epoch's audit has every unit once with all its batches, and (asynchronous) the global step is
 the epochs' batches less at most one per kill. It records the faults, the chief's lost-worker
 WARNINGs, every ERROR line, the wall time and the load average; each entry is written to
@@ -83,6 +85,7 @@ class _Chaos:
     self.faults: List[dict] = []
     self.problems: List[str] = []
     self.relaunches = 0
+    self.fenced_at_end: List[str] = []  # killed or fenced; the job ended before its relaunch
 
   def _log(self, task: str) -> str:
     path = os.path.join(self._cluster.log_dir, task.replace(":", "-") + ".log")
@@ -115,24 +118,20 @@ class _Chaos:
     self._after_the_chief(deadline)
 
   def _after_the_chief(self, deadline: float) -> None:
-    """The chief ended: a worker that fails from now on (a woken, fenced one) is relaunched at
-    once, up to twice, and its new process finds the job's epochs all trained and ends."""
-    restarts = {w: 0 for w in self._workers}
+    """The chief ended: the workers end within seconds. One whose last process failed is
+    relaunched only if the chief ended with 0 and the process was not fenced: a woken worker
+    the chief fenced and its job then ended has nothing to rejoin (on a TFJob the chief's exit
+    ends the job)."""
     while time.monotonic() < deadline:
       self._poll()
-      if self._codes[_CHIEF] != 0:
-        return  # the job failed: its workers end within seconds, none is relaunched
-      failed = [w for w in self._workers if self._codes[w] not in (None, 0)]
-      if (all(self._codes[w] is not None for w in self._workers)
-          and all(restarts[w] >= 2 for w in failed)):
-        return  # every worker ended: 0, or failed again after two restarts
-      for worker in failed:
-        if restarts[worker] < 2:
-          self._relaunch_at.pop(worker, None)
-          restarts[worker] += 1
-          self._cluster.restart_task(worker)
-          self.relaunches += 1
+      if all(self._codes[w] is not None for w in self._workers):
+        break
       time.sleep(0.1)
+    for worker in self._workers:
+      code = self._codes[worker]
+      if code == -signal.SIGKILL or (code not in (None, 0) and
+                                     "WorkerFencedError" in self._log(worker)):
+        self.fenced_at_end.append(worker)  # killed or fenced, its relaunch not due yet
 
   def _fault(self, at: float) -> None:
     up = [w for w in self._workers if self._running(w) and w not in self._relaunch_at]
@@ -201,7 +200,8 @@ def run_job(mode: str, seed: int) -> dict:
     chaos = _Chaos(cluster, rng)
     chaos.run(start, start + _TIMEOUT.value, last_epoch_started)
     result = cluster.wait()
-  codes = {name: r.returncode for name, r in result.tasks.items()}
+  codes = {name: r.returncode for name, r in result.tasks.items()
+           if name not in chaos.fenced_at_end}
   problems = list(chaos.problems)
   if any(codes.values()):
     problems.append(f"exit codes {codes}")
@@ -221,6 +221,7 @@ def run_job(mode: str, seed: int) -> dict:
   entry = {"mode": mode, "seed": seed, "passed": not problems, "problems": problems,
            "wall_secs": round(time.monotonic() - start, 1), "faults": chaos.faults,
            "kills": kills, "freezes": len(chaos.faults) - kills, "relaunches": chaos.relaunches,
+           "fenced_at_end": chaos.fenced_at_end,
            "lost_warnings": len(re.findall(r" is lost in epoch", chief_log)),
            "global_step": step, "error_lines": errors[:20], "error_line_count": len(errors),
            "load_at_start": round(load, 2), "load_at_end": round(os.getloadavg()[0], 2),

@@ -247,3 +247,25 @@ def test_a_sparse_mean_keeps_the_senders_rows_of_any_length_and_drops_the_paddin
   mean, left = _mean(rows)
   np.testing.assert_allclose(mean, [[0.5, 0.5], [1.0, 1.0], [0.0, 0.0], [2.5, 2.5]])
   assert left == 0
+
+
+def test_a_guest_relaunched_again_in_the_same_epoch_waits_for_a_new_round_to_take_it_in():
+  """A guest a round took in is lost, and its next process joins the same epoch: until a round
+  takes that one in, `started` must say -1. Seen in bench.elastic_chaos: the new process read
+  its earlier process's `started`, took the running step as its own without any round waiting
+  for its marker, and its marker displaced another in the FIFO of markers: the chief's
+  aggregation failed with "a marker of another step"."""
+  s = _Steps()
+  for w in range(WORKERS):
+    s.queue.claim(0, worker=w, seq=0)
+  s.queue.reclaim(0, worker=1)
+  assert _join(s, 1)[0] == JOINED and _ready(s, 1) == 1
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 6}) == 1  # taken in at step 6
+  assert s.run(s.started).tolist() == [-1, 6, -1]
+  s.queue.reclaim(0, worker=1)  # that process is lost in its turn; the chief sends its marker
+  s.run(s.lost, {s.lost_worker: 1})
+  assert _join(s, 1, token=12)[0] == JOINED  # its next process joins epoch 0
+  assert s.run(s.started).tolist() == [-1, -1, -1]  # not in the steps yet
+  assert _ready(s, 1) == 1
+  assert s.run(s.tokens, {s.receivers: [1, 0, 1], s.token: 7}) == 1
+  assert s.run(s.started).tolist() == [-1, 7, -1]

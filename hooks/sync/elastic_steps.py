@@ -59,8 +59,8 @@ class GuestOps:
   NOT_FENCED, CLOSED or FULL; the batches of `epoch` its earlier process trained]; `ready`
   (feeds `worker`, `epoch`): its session is ready for its first step, the next aggregation may
   take it in (its join stays pending until then); `started[worker]`: the step of its first
-  marker once an aggregation took it into the steps, -1 before (and from the next epoch's
-  start on); the step then waits for its marker, so it reads its first step from the step, as
+  marker once an aggregation took it into the steps, -1 before (from its join, and from the
+  next epoch's start on); the step then waits for its marker, so it reads its first step from the step, as
   every worker.
   `membership`: the queue's MembershipOps with the chief's `still_lost` of a synchronous job
   (it cancels a guest's join no step took in yet, so the chief arrives for it). `spares`: the
@@ -200,8 +200,11 @@ class ElasticSteps:
     with tf.control_dependencies([self._send_owed(worker), was_fenced, allowed]):
       answer = elastic_graph.guest_join(self._queue, worker, epoch, token, allowed, spares)
     joined = tf.logical_and(was_fenced, tf.equal(answer[0], elastic_graph.JOINED))
+    # An earlier process of this worker a round took into `epoch` left its `started`: this one
+    # is not in the steps until a round takes it in.
     with tf.control_dependencies([_write_where(self._joining, worker, joined, epoch),
-                                  _write_where(self._ready, worker, joined, -1)]):
+                                  _write_where(self._ready, worker, joined, -1),
+                                  _write_where(self._started, worker, joined, -1)]):
       return tf.identity(answer)
 
   def _mark_ready(self, worker: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
