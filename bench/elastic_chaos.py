@@ -4,19 +4,19 @@ One elastic job per --modes entry and --seeds seed (bench/work_queue_task.py: ex
 through a work queue, --epochsync_elastic): 1 ps, the chief and --workers workers, --epochs
 epochs of --total_batches batches in units of --unit_batches. Every --fault_every_secs on
 average (exponential gaps, drawn from the seed) one running worker other than the chief gets a
-fault: SIGKILL (a --kill_share of them), else SIGSTOP until the chief names it lost, then
-SIGCONT (the woken process finds itself fenced and exits). A worker whose process ended with a
-non-zero status is started again at its address after U(0, --max_relaunch_secs) s, as
-Kubernetes' OnFailure restart does. So the job loses and regains workers, one fault on top of
-another, until its last epoch starts; no fault comes after that.
+fault: SIGKILL (a --kill_share of them), else SIGSTOP until the chief names it lost (or, for a
+process the chief does not watch yet, one waiting to rejoin, until the stall's detection time
+and 10 s more), then SIGCONT (a woken member finds itself fenced and exits). A worker whose
+process ended with a non-zero status is started again at its address after U(0,
+--max_relaunch_secs) s, as Kubernetes' OnFailure restart does. So the job loses and regains
+workers, one fault on top of another, until its last epoch starts; no fault comes after that.
 
-The entry of a job passes when the chief and every worker's last process exit 0 (or, for a
-worker killed or frozen near the end, end killed or fenced before its relaunch was due),
-every
-epoch's audit has every unit once with all its batches, and (asynchronous) the global step is
-the epochs' batches less at most one per kill. It records the faults, the chief's lost-worker
-WARNINGs, every ERROR line, the wall time and the load average; each entry is written to
---output as soon as its job ended.
+The entry of a job passes when the chief and every worker's last process exit 0 (a worker
+whose fault came near the end may instead end killed, frozen or fenced before its relaunch was
+due: on a TFJob the chief's exit ends the job), every epoch's audit has every unit once with
+all its batches, and (asynchronous) the global step is the epochs' batches less at most one
+per kill. It records the faults, the chief's lost-worker WARNINGs, every ERROR line, the wall
+time and the load average; each entry is written to --output as soon as its job ended.
 
 Typical usage (opt-in; a few minutes per job):
   python -m bench.elastic_chaos --modes=async,sync --seeds=0,1 --output=bench/results/chaos.json
@@ -61,7 +61,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 
 _TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_task.py")
 _CHIEF = "worker:0"
-_FROZEN_SECS = 120.0  # a frozen worker the chief has not named lost by then is a failure
+_FROZEN_MARGIN_SECS = 10.0  # a frozen worker is woken this long after its stall's detection
 
 
 def _command(model_dir: str, sync: bool) -> List[str]:
@@ -69,15 +69,19 @@ def _command(model_dir: str, sync: bool) -> List[str]:
           "--unit_batches=" + ",".join([str(_UNIT.value)] * (_TOTAL.value // _UNIT.value)),
           f"--epochsync_num_epochs={_EPOCHS.value}", f"--epochsync_sync={str(sync).lower()}",
           "--epochsync_elastic", "--epochsync_save_checkpoint_secs=0",
-          f"--epochsync_step_timeout_secs={_STEP_TIMEOUT.value or (12 if sync else 6)}",
+          f"--epochsync_step_timeout_secs={_step_timeout(sync)}",
           f"--step_sleep_secs={_SLEEP.value}"]
+
+
+def _step_timeout(sync: bool) -> float:
+  return _STEP_TIMEOUT.value or (12.0 if sync else 6.0)
 
 
 class _Chaos:
   """The faults of one job, and the restarts a restart policy would do."""
 
-  def __init__(self, cluster: LocalCluster, rng: random.Random):
-    self._cluster, self._rng = cluster, rng
+  def __init__(self, cluster: LocalCluster, rng: random.Random, stall_secs: float):
+    self._cluster, self._rng, self._stall_secs = cluster, rng, stall_secs
     self._workers = [f"worker:{i}" for i in range(1, _WORKERS.value + 1)]
     self._relaunch_at: Dict[str, float] = {}
     self._frozen: Optional[tuple] = None  # (worker, its lost WARNINGs before, since)
@@ -85,7 +89,7 @@ class _Chaos:
     self.faults: List[dict] = []
     self.problems: List[str] = []
     self.relaunches = 0
-    self.fenced_at_end: List[str] = []  # killed or fenced; the job ended before its relaunch
+    self.fenced_at_end: List[str] = []  # killed, frozen or fenced; the job ended first
 
   def _log(self, task: str) -> str:
     path = os.path.join(self._cluster.log_dir, task.replace(":", "-") + ".log")
@@ -113,11 +117,12 @@ class _Chaos:
         next_fault = now + self._rng.expovariate(1 / _EVERY.value)
       time.sleep(0.1)
       self._poll()
-    if self._frozen is not None:  # the job ended first: wake it all the same
-      self._cluster.kill_task(self._frozen[0], signal.SIGCONT)
-    self._after_the_chief(deadline)
+    frozen_at_end = self._frozen[0] if self._frozen else None
+    if frozen_at_end:  # the job ended first: wake it all the same
+      self._cluster.kill_task(frozen_at_end, signal.SIGCONT)
+    self._after_the_chief(deadline, frozen_at_end)
 
-  def _after_the_chief(self, deadline: float) -> None:
+  def _after_the_chief(self, deadline: float, frozen_at_end: Optional[str]) -> None:
     """The chief ended: the workers end within seconds. One whose last process failed is
     relaunched only if the chief ended with 0 and the process was not fenced: a woken worker
     the chief fenced and its job then ended has nothing to rejoin (on a TFJob the chief's exit
@@ -129,9 +134,9 @@ class _Chaos:
       time.sleep(0.1)
     for worker in self._workers:
       code = self._codes[worker]
-      if code == -signal.SIGKILL or (code not in (None, 0) and
-                                     "WorkerFencedError" in self._log(worker)):
-        self.fenced_at_end.append(worker)  # killed or fenced, its relaunch not due yet
+      if code == -signal.SIGKILL or worker == frozen_at_end or (
+          code not in (None, 0) and "WorkerFencedError" in self._log(worker)):
+        self.fenced_at_end.append(worker)  # killed, frozen or fenced: its relaunch not due
 
   def _fault(self, at: float) -> None:
     up = [w for w in self._workers if self._running(w) and w not in self._relaunch_at]
@@ -147,13 +152,14 @@ class _Chaos:
       self._cluster.kill_task(victim, signal.SIGSTOP)
 
   def _thaw(self, now: float) -> None:
-    """Wakes the frozen worker once the chief named it lost."""
+    """Wakes the frozen worker once the chief named it lost, or (a process the chief does not
+    watch: one waiting to rejoin) after the stall's detection time and a margin."""
     if self._frozen is None:
       return
     victim, lost_before, since = self._frozen
-    if self._lost_count(victim) > lost_before or now - since > _FROZEN_SECS:
-      if self._lost_count(victim) == lost_before:
-        self.problems.append(f"{victim} frozen {_FROZEN_SECS:.0f} s and never named lost")
+    named = self._lost_count(victim) > lost_before
+    if named or now - since > self._stall_secs + _FROZEN_MARGIN_SECS:
+      self.faults[-1]["named_lost"] = named
       self._cluster.kill_task(victim, signal.SIGCONT)
       self._frozen = None
 
@@ -197,7 +203,7 @@ def run_job(mode: str, seed: int) -> dict:
   with LocalCluster(num_workers=_WORKERS.value + 1, timeout_secs=_TIMEOUT.value,
                     fail_fast_secs=None, log_dir=logs) as cluster:
     cluster.start(_command(model_dir, mode == "sync"))
-    chaos = _Chaos(cluster, rng)
+    chaos = _Chaos(cluster, rng, _step_timeout(mode == "sync"))
     chaos.run(start, start + _TIMEOUT.value, last_epoch_started)
     result = cluster.wait()
   codes = {name: r.returncode for name, r in result.tasks.items()
