@@ -61,6 +61,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 
 _TASK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "work_queue_task.py")
 _CHIEF = "worker:0"
+_AFTER_THE_CHIEF_SECS = 30.0  # the workers end within seconds of the chief
 _FROZEN_MARGIN_SECS = 10.0  # a frozen worker is woken this long after its stall's detection
 
 
@@ -127,11 +128,20 @@ class _Chaos:
     relaunched only if the chief ended with 0 and the process was not fenced: a woken worker
     the chief fenced and its job then ended has nothing to rejoin (on a TFJob the chief's exit
     ends the job)."""
-    while time.monotonic() < deadline:
+    ends_by = min(deadline, time.monotonic() + _AFTER_THE_CHIEF_SECS)
+    while time.monotonic() < ends_by:
       self._poll()
       if all(self._codes[w] is not None for w in self._workers):
         break
       time.sleep(0.1)
+    for worker in self._workers:  # one relaunched as the job ended waits for its chief: stop it
+      if self._codes[worker] is None:
+        waiting = "waiting at the start of the run for " + _CHIEF in self._log(worker)
+        if not waiting:
+          self.problems.append(f"{worker} still runs {_AFTER_THE_CHIEF_SECS:.0f} s after the "
+                               "chief ended")
+        self._cluster.kill_task(worker)
+    self._poll()
     for worker in self._workers:
       code = self._codes[worker]
       if code == -signal.SIGKILL or worker == frozen_at_end or (
