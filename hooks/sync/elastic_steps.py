@@ -60,8 +60,8 @@ class GuestOps:
   (feeds `worker`, `epoch`): its session is ready for its first step, the next aggregation may
   take it in (its join stays pending until then); `started[worker]`: the step of its first
   marker once an aggregation took it into the steps, -1 before (from its join, and from the
-  next epoch's start on); the step then waits for its marker, so it reads its first step from the step, as
-  every worker.
+  next epoch's start on); the step then waits for its marker, so it reads its first step from
+  the step, as every worker.
   `membership`: the queue's MembershipOps with the chief's `still_lost` of a synchronous job
   (it cancels a guest's join no step took in yet, so the chief arrives for it). `spares`: the
   job's spare workers, fed to `join` (FULL: the process stands by; MembershipOps)."""
