@@ -124,10 +124,10 @@ class _Chaos:
     self._after_the_chief(deadline, frozen_at_end)
 
   def _after_the_chief(self, deadline: float, frozen_at_end: Optional[str]) -> None:
-    """The chief ended: the workers end within seconds. One whose last process failed is
-    relaunched only if the chief ended with 0 and the process was not fenced: a woken worker
-    the chief fenced and its job then ended has nothing to rejoin (on a TFJob the chief's exit
-    ends the job)."""
+    """The chief ended: the workers end within seconds, and none is relaunched (on a TFJob the
+    chief's exit ends the job). One still running after _AFTER_THE_CHIEF_SECS is stopped (a
+    problem unless it was relaunched as the chief ended and waits for it); one whose last
+    process was killed, frozen or fenced when the job ended goes into `fenced_at_end`."""
     ends_by = min(deadline, time.monotonic() + _AFTER_THE_CHIEF_SECS)
     while time.monotonic() < ends_by:
       self._poll()

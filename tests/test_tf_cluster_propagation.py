@@ -93,11 +93,18 @@ def _beyond(ps: str, mode: str):
   return lines
 
 
+def _error(ps: str, mode: str):
+  """(kind, message) of the beyond worker's one line, an error."""
+  ((said, kind, message),) = _beyond(ps, mode)
+  assert said == "error", message
+  return kind, message
+
+
 def test_a_worker_the_ps_was_not_launched_with_fails_its_first_step(launch):
   ps, state = launch
   state(0.0)
-  ((said, kind, message),) = _beyond(ps, "grown")
-  assert (said, kind) == ("error", "InternalError"), message
+  kind, message = _error(ps, "grown")
+  assert kind == "InternalError", message
   assert "No worker known as /job:worker/replica:0/task:1" in message
   assert state() == 0.0
 
@@ -112,7 +119,7 @@ def test_a_propagated_cluster_lets_it_train_on_the_launchs_variables(launch):
 def test_without_shared_state_the_propagated_session_sees_no_variable(launch):
   ps, state = launch
   state(0.0)
-  ((said, kind, message),) = _beyond(ps, "isolated")
-  assert (said, kind) == ("error", "NotFoundError"), message
+  kind, message = _error(ps, "isolated")
+  assert kind == "NotFoundError", message
   assert "Could not find resource: ps/v" in message
   assert state() == 0.0
