@@ -33,6 +33,7 @@ from hooks.config.cluster import worker_problems
 from hooks.epoch.barrier_release import ABORT, ReleaseWait, result_of
 from hooks.epoch.barrier_wait import BarrierWaiter, Wait, timing_problems
 from hooks.epoch.stand_ins import StandIns
+from hooks.epoch.step_increment import lock_global_step_increments
 from hooks.faults.heartbeat import Heartbeat
 from hooks.data.epoch_input import EpochInput, EpochListener, EpochStats
 from hooks.errors import ConfigError
@@ -127,6 +128,8 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
                                                self._stand_in_batches: batches, self._seq: seq}))
 
   def begin(self):
+    # The audit's global_step counts every batch: no asynchronous increment is lost on the ps.
+    lock_global_step_increments(_v1.get_default_graph())
     ops = barrier_graph.build(self.num_workers, self.worker_id, self._input.num_epochs,
                               self._ps_device)
     for field in dataclasses.fields(ops):  # self._seq, self._gather, ... as the runs use them
