@@ -1,8 +1,12 @@
 """bench.work_queue's task: examples.train with a pause after every step (the worker's speed).
 
   python bench/work_queue_task.py --step_sleep_secs=0.05 --slowdown=2 [examples.train's flags]
+
+SIGUSR1 prints every thread's Python stack to the log (a task that lingers: where it waits).
 """
 
+import faulthandler
+import signal
 import time
 
 from absl import app
@@ -24,6 +28,7 @@ class _Pause(tf.compat.v1.train.SessionRunHook):
 
 def main(argv):
   del argv
+  faulthandler.register(signal.SIGUSR1, all_threads=True)
   train.train(lambda config, epoch_input: [_Pause()])
 
 

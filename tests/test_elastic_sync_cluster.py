@@ -204,3 +204,36 @@ def test_a_mid_epoch_checkpoint_saves_each_workers_own_position_and_the_job_resu
     assert sorted(u["index"] for u in line["units"]) == list(range(len(UNITS))), line
     for u in line["units"]:
       assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("frozen_secs", [pytest.param(0, marks=pytest.mark.variant), 18])
+def test_a_worker_frozen_in_a_step_without_a_batch_ends_fenced_once_woken(tmp_path, frozen_secs):
+  """worker:2 finishes its units while slow worker:1 still trains one: its claims answer WAIT
+  and it runs steps without a batch. It is SIGSTOPped there, found lost, and woken (at once, or
+  `frozen_secs` after the freeze: past its step's 12 s deadline): it ends fenced within seconds,
+  long before the job ends."""
+  logs = str(tmp_path / "logs")
+  with LocalCluster(num_workers=WORKERS, timeout_secs=240, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path, epochs=4) + ["--epochsync_step_timeout_secs=12"],
+                  per_task_args={"worker:1": ["--slowdown=8"]})
+    wait_for(os.path.join(logs, "worker-2.log"), "no unit left to hand out in epoch 0",
+             time.monotonic() + 90)
+    frozen = cluster.kill_task("worker:2", signal.SIGSTOP)
+    wait_for(os.path.join(logs, "worker-0.log"), r"worker:2 is lost in epoch 0 \(it has "
+             "answered no probe for", time.monotonic() + 60)
+    time.sleep(max(0.0, frozen + frozen_secs - time.monotonic()))
+    woken = cluster.kill_task("worker:2", signal.SIGCONT)
+    while cluster.results()["worker:2"].returncode is None and time.monotonic() < woken + 60:
+      time.sleep(0.1)
+    ended = time.monotonic() - woken
+    chief_running = cluster.results()["worker:0"].returncode is None
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  tail = open(os.path.join(logs, "worker-2.log")).read()[-3000:]
+  assert codes["worker:2"] not in (0, None) and ended < 30 and chief_running, (ended, codes, tail)
+  assert "WorkerFencedError: worker:2 was found lost by the chief" in tail, tail
+  assert [codes[f"worker:{w}"] for w in (0, 1, 3)] == [0, 0, 0], [
+      (t.name, t.returncode, t.tail()) for t in result.tasks.values()]
+  _assert_equals_the_oracle(tmp_path, read_audit(str(tmp_path / "model")))

@@ -9,7 +9,7 @@ from hooks.config.settings import EpochSyncSettings
 from hooks.data.epoch_input import EpochInput
 from hooks.elastic import LostWorkerWatch
 from hooks.elastic.lost_workers import probe_period_secs
-from hooks.errors import ConfigError
+from hooks.errors import FENCED_MARK, ConfigError
 from hooks.session.wiring import epoch_sync_hooks
 from hooks.sync.aggregation_group import AggregationGroup
 from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
@@ -70,6 +70,41 @@ def test_a_synchronous_elastic_job_wires_idle_steps_and_the_lost_marker(graph):
   assert watch._on_lost is not None and watch._stalled_after == settings.step_timeout_secs / 2
   assert watch._period == 0.1  # a small job's lost worker is found within 0.1 s
   assert epoch_input.passes.claims.while_waiting is not None
+
+
+class _FailingSession:
+  """A session whose every run fails with `error`."""
+
+  def __init__(self, error):
+    self.error = error
+
+  def run(self, *args, **kwargs):
+    raise self.error
+
+
+@pytest.mark.parametrize("error,fenced,raised", [
+    (tf.errors.DeadlineExceededError(None, None, "Operation timed out."), True,
+     "WorkerFencedError"),
+    (tf.errors.DeadlineExceededError(None, None, "Operation timed out."), False,
+     "StepTimeoutError"),
+    (tf.errors.InvalidArgumentError(None, None, f"assertion failed: [{FENCED_MARK}: worker id "
+                                    "0, found lost by the chief]"), False, "WorkerFencedError"),
+    (tf.errors.InvalidArgumentError(None, None, "another assertion"), False,
+     "InvalidArgumentError")])
+def test_a_step_without_a_batch_that_fails_after_the_chief_fenced_the_worker_says_so(
+    graph, error, fenced, raised):
+  """A worker frozen in such a step wakes past its deadline (or its marker is refused): it is
+  told it was found lost, not that the chief's aggregation is stuck."""
+  settings = _settings(sync=True)
+  epoch_input = _queue_input(settings)
+  epoch_sync_hooks(CHIEF, epoch_input, settings, sync_hook=_sync_hook(epoch_input))
+  claims = epoch_input.passes.claims
+  claims.fenced = lambda session: fenced
+  with pytest.raises(Exception) as raised_error:
+    claims.while_waiting(_FailingSession(error))
+  assert type(raised_error.value).__name__ == raised, raised_error.value
+  if raised == "WorkerFencedError":
+    assert "was found lost by the chief" in str(raised_error.value)
 
 
 @pytest.mark.parametrize("num_workers,period", [(2, 0.1), (25, 0.1), (100, 0.4), (250, 1.0),

@@ -17,9 +17,10 @@ from typing import Any, Callable, Tuple
 
 import tensorflow as tf
 
-from hooks.errors import StepTimeoutError
+from hooks.errors import FENCED_MARK, StepTimeoutError
 from hooks.faults import step_retry
 from hooks.faults.waiting import run_options, run_uncancelled
+from hooks.workqueue.claims import fenced_error
 from hooks.workqueue.unit_passes import UnitPasses
 
 __all__ = ["wire", "GuestJoin"]
@@ -37,7 +38,13 @@ def wire(queue: UnitPasses, sync_hook: Any, step_timeout_secs: float
     ops = opt.sync_ops
     try:
       session.run(ops.idle_op, options=run_options(step_timeout_secs))
+    except tf.errors.InvalidArgumentError as e:  # its marker refused: the chief fenced it
+      if FENCED_MARK in (e.message or ""):
+        raise fenced_error(task) from e
+      raise
     except tf.errors.DeadlineExceededError as e:
+      if _found_lost(queue, session):  # it stalled (frozen) past the step and was fenced
+        raise fenced_error(task) from e
       raise StepTimeoutError(
           f"{task} waited {step_timeout_secs:.0f} s in a step without a batch (its claim "
           "waits for a unit in flight) and the step never ended: the chief's aggregation is "
@@ -52,6 +59,14 @@ def wire(queue: UnitPasses, sync_hook: Any, step_timeout_secs: float
 
   queue.claims.while_waiting = idle
   return on_lost
+
+
+def _found_lost(queue: UnitPasses, session) -> bool:
+  """Whether the chief fenced this worker; False when the queue cannot be read either."""
+  try:
+    return queue.claims.fenced(session)
+  except tf.errors.OpError:
+    return False
 
 
 class GuestJoin:

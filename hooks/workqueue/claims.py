@@ -33,13 +33,22 @@ from hooks.errors import ClaimTimeoutError, EpochSyncError, WorkerFencedError
 from hooks.faults.waiting import RunThread, run_options, run_uncancelled
 from hooks.workqueue.queue_graph import ANY, FENCE_MARK, FENCED, LOST_WRITE, QueueOps, STALE, WAIT
 
-__all__ = ["UnitClaims", "Claim"]
+__all__ = ["UnitClaims", "Claim", "fenced_error"]
 
 _ATTEMPT_SECS = 30.0  # How long a claim waits before it checks ps:0 and logs (never cancelled).
 _RETRY_PAUSE_SECS = 0.5
 _WAIT_POLL_SECS = 0.2  # (elastic) a worker that got WAIT claims again this often
 _TRANSIENT = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
               tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+def fenced_error(task_name: str) -> WorkerFencedError:
+  """What a worker the chief found lost (and fenced) while it ran raises once it runs again."""
+  return WorkerFencedError(
+      f"{task_name} was found lost by the chief (elastic training: it stopped answering, or "
+      "stalled) and its unit went to another worker; this process ends without training "
+      "more. The job goes on without it; relaunch this worker: a relaunched worker rejoins "
+      "the running job", task_name)
 
 
 class Claim(NamedTuple):
@@ -69,11 +78,15 @@ class UnitClaims:
   def worker_id(self) -> int:
     return self._worker
 
+  def fenced(self, session) -> bool:
+    """(Elastic) Whether the chief found this worker lost and fenced it in the queue."""
+    claims = session.run(self.ops.state["claims"], options=run_options(self._attempt))
+    return bool(claims[self._worker] <= FENCE_MARK)
+
   def raise_if_fenced(self, session) -> None:
     """WorkerFencedError if the chief found this worker lost (elastic) and this process did not
     rejoin (hooks.elastic.rejoin): its earlier process had not joined the run yet."""
-    claims = session.run(self.ops.state["claims"], options=run_options(self._attempt))
-    if claims[self._worker] <= FENCE_MARK:
+    if self.fenced(session):
       raise WorkerFencedError(
           f"{self.task_name} was found lost by the chief of this elastic job and its unit went "
           "to another worker, before this process joined the run. The job goes on without it; "
@@ -141,11 +154,7 @@ class UnitClaims:
           "docs/reliability.md, \"The work queue's lock\". Units of this epoch may have gone "
           "to two workers: stop the job and relaunch it from the last epoch checkpoint")
     if answer.unit == FENCED:
-      raise WorkerFencedError(
-          f"{self.task_name} was found lost by the chief (elastic training: it stopped "
-          "answering, or stalled) and its unit went to another worker; this process ends "
-          "without training more. The job goes on without it; relaunch this worker: a "
-          "relaunched worker rejoins the running job", self.task_name)
+      raise fenced_error(self.task_name)
     self._seq += 1
     return answer
 
