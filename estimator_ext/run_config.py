@@ -41,10 +41,11 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
   Args:
     model_dir: `str` checkpoints, the epoch audit and eval results; storage every task sees.
     num_epochs, sync, divide_by_initial_workers, barrier_timeout_secs, startup_timeout_secs,
-      step_timeout_secs, warn_after_secs, log_every_secs, elastic, spare_workers: override
-      `EpochSyncSettings` fields (elastic: a lost worker does not stop the job; training
-      through `work_units`, docs/elastic.md; spare_workers: the last this many worker tasks
-      stand by and join in place of lost ones).
+      step_timeout_secs, warn_after_secs, log_every_secs, elastic, spare_workers,
+      optional_workers: override `EpochSyncSettings` fields (elastic: a lost worker does not
+      stop the job; training through `work_units`, docs/elastic.md; spare_workers: the last
+      this many worker tasks stand by and join in place of lost ones; optional_workers: the
+      last this many may come up after the start and join the running job then).
     settings: `EpochSyncSettings` to use instead of the flags and variables (the arguments
       above still override its fields).
     num_workers: `int` expected chief+worker tasks (or --epochsync_num_workers, or
@@ -71,7 +72,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                startup_timeout_secs: Optional[float] = None,
                step_timeout_secs: Optional[float] = None, warn_after_secs: Optional[float] = None,
                log_every_secs: Optional[float] = None, elastic: Optional[bool] = None,
-               spare_workers: Optional[int] = None,
+               spare_workers: Optional[int] = None, optional_workers: Optional[int] = None,
                settings: Optional[EpochSyncSettings] = None, num_workers: Optional[int] = None,
                in_loop_eval: Optional[bool] = None,
                early_stopping: Optional[EarlyStopping] = None,
@@ -84,7 +85,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                     startup_timeout_secs=startup_timeout_secs,
                     step_timeout_secs=step_timeout_secs, warn_after_secs=warn_after_secs,
                     log_every_secs=log_every_secs, elastic=elastic,
-                    spare_workers=spare_workers)
+                    spare_workers=spare_workers, optional_workers=optional_workers)
     resolved, flag_num_workers = run_config_args.resolved_settings(settings, explicit, problems)
     resolved = run_config_args.save_period(resolved, run_config_kwargs, problems)
     if early_stopping is not None and not isinstance(early_stopping, EarlyStopping):

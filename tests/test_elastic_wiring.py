@@ -10,6 +10,7 @@ from hooks.data.epoch_input import EpochInput
 from hooks.elastic import LostWorkerWatch
 from hooks.elastic.lost_workers import probe_period_secs
 from hooks.errors import FENCED_MARK, ConfigError
+from hooks.epoch.run_start import RunStartHook
 from hooks.session.wiring import epoch_sync_hooks
 from hooks.sync.aggregation_group import AggregationGroup
 from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
@@ -134,6 +135,26 @@ def test_spare_workers_are_the_last_worker_ids_and_the_chief_is_never_one(graph)
       ConfigError, match=r"--epochsync_spare_workers=2 leaves no task to train among the job's "
                          r"2 chief and worker tasks"):
     epoch_sync_hooks(CHIEF, _queue_input(too_many), too_many)
+
+
+def test_optional_workers_are_the_last_worker_ids_and_join_without_a_spare_count(graph):
+  """The chief sets them aside at the start (as it does spares) and the audit names them
+  optional; their join counts no spares, so a worker's own fence makes room for it."""
+  settings = EpochSyncSettings(num_epochs=1, sync=False, elastic=True, save_checkpoint_secs=0,
+                               optional_workers=1)
+  hooks = epoch_sync_hooks(CHIEF, _queue_input(settings), settings)
+  watch = next(h for h in hooks if isinstance(h, LostWorkerWatch))
+  assert list(watch._spare_ids) == [1] and watch._optional
+  assert watch._barrier.stand_ins.absent_kind == "optional"
+  worker = ClusterConfig(CHIEF.cluster, "worker", 0)
+  with tf.Graph().as_default():
+    units = [WorkUnit("", 0, 4), WorkUnit("", 4, 8)]
+    epoch_input = work_queue_input(units, lambda u: tf.data.Dataset.range(4).batch(2),
+                                   num_epochs=1, num_workers=2, worker_id=1,
+                                   task_name="worker:0", ps_device="", settings=settings)
+    start = next(h for h in epoch_sync_hooks(worker, epoch_input, settings)
+                 if isinstance(h, RunStartHook))
+    assert start._spare and start._rejoin._optional and start._rejoin._spares == 0
 
 
 class _Monitor:

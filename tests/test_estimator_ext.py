@@ -94,6 +94,8 @@ class TestEpochSyncRunConfig:
         config.settings, num_epochs=2, sync=True)  # Arguments win over flags.
     spare = estimator_ext.EpochSyncRunConfig(elastic=True, spare_workers=1).settings
     assert (spare.elastic, spare.spare_workers) == (True, 1)  # docs/elastic.md's spares
+    late = estimator_ext.EpochSyncRunConfig(elastic=True, optional_workers=1).settings
+    assert (late.elastic, late.optional_workers) == (True, 1)  # ... and optional workers
 
   @pytest.mark.parametrize("kwargs, fix", [
       (dict(save_checkpoints_steps=100, save_checkpoints_secs=60),

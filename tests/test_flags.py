@@ -25,7 +25,8 @@ def test_exports():
       "NUM_WORKERS", "NUM_EPOCHS", "BARRIER_TIMEOUT_SECS", "STARTUP_TIMEOUT_SECS",
       "STEP_TIMEOUT_SECS", "WARN_AFTER_SECS", "LOG_EVERY_SECS", "PROGRESS_SECS", "SYNC",
       "SAVE_CHECKPOINT_SECS", "SAVE_CHECKPOINT_STEPS", "UNIT_SEED", "UNIT_SHUFFLE",
-      "CLAIM_TIMEOUT_SECS", "ELASTIC", "SPARE_WORKERS", "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
+      "CLAIM_TIMEOUT_SECS", "ELASTIC", "SPARE_WORKERS", "OPTIONAL_WORKERS",
+      "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
       "settings_from_flags", "ENV_PREFIX", "EPOCHSYNC_FLAGS", "env_var", "apply_env"}
 
 
@@ -152,7 +153,8 @@ ENV_VALUES = {
     "epochsync_save_checkpoint_secs": ("0", 0.0), "epochsync_save_checkpoint_steps": ("50", 50),
     "epochsync_unit_seed": ("7", 7), "epochsync_unit_shuffle": ("0", False),
     "epochsync_claim_timeout_secs": ("45", 45.0), "epochsync_elastic": ("true", True),
-    "epochsync_spare_workers": ("2", 2)}
+    "epochsync_spare_workers": ("2", 2),
+    "epochsync_optional_workers": ("0", 0)}  # (not with spares: its own test below)
 
 
 class TestEnvironmentVariables:
@@ -175,6 +177,13 @@ class TestEnvironmentVariables:
         barrier_timeout_secs=90, step_timeout_secs=20.5, warn_after_secs=7, log_every_secs=2,
         progress_secs=3, save_checkpoint_secs=0, save_checkpoint_steps=50, unit_seed=7,
         unit_shuffle=False, claim_timeout_secs=45, elastic=True, spare_workers=2)
+
+  def test_optional_workers_from_the_environment(self, parse, monkeypatch):
+    monkeypatch.setenv("EPOCHSYNC_ELASTIC", "1")
+    monkeypatch.setenv("EPOCHSYNC_OPTIONAL_WORKERS", "2")
+    parse()
+    flags_lib.apply_env()
+    assert flags_lib.settings_from_flags().optional_workers == 2
 
   def test_flag_over_environment_over_default(self, parse, monkeypatch):
     parse("--epochsync_num_epochs=5", "--epochsync_sync")

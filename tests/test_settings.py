@@ -21,7 +21,7 @@ class TestEpochSyncSettings:
         num_epochs=1, barrier_timeout_secs=1800, startup_timeout_secs=600, step_timeout_secs=600,
         warn_after_secs=60, log_every_secs=30, progress_secs=10, sync=True, divide_by_initial_workers=False,
         save_checkpoint_secs=600, save_checkpoint_steps=0, unit_seed=0, unit_shuffle=True,
-        claim_timeout_secs=600, elastic=False, spare_workers=0)
+        claim_timeout_secs=600, elastic=False, spare_workers=0, optional_workers=0)
 
   @pytest.mark.parametrize("field, value, rule", [
       ("num_epochs", 0, "must be an integer >= 1"),
@@ -42,6 +42,10 @@ class TestEpochSyncSettings:
       ("spare_workers", -1, "must be an integer >= 0"),
       ("spare_workers", 1, r"needs elastic=True \(--epochsync_elastic\): a spare joins in "
                            r"place of a lost worker, and only an elastic job goes on without one"),
+      ("optional_workers", -1, "must be an integer >= 0"),
+      ("optional_workers", 1, r"needs elastic=True \(--epochsync_elastic\): an optional worker "
+                              r"joins the running job, and only an elastic job goes on without "
+                              r"a worker"),
       ("claim_timeout_secs", 0, "must be a finite number of seconds > 0"),
       ("save_checkpoint_secs", -1, r"must be a finite number of seconds >= 0 \(0: no mid-epoch "
                                    r"checkpoint\)"),
@@ -63,6 +67,12 @@ class TestEpochSyncSettings:
 
   def test_spare_workers_with_elastic(self):
     assert EpochSyncSettings(elastic=True, spare_workers=2).spare_workers == 2
+
+  def test_optional_workers_with_elastic_and_without_spares(self):
+    assert EpochSyncSettings(elastic=True, optional_workers=2).optional_workers == 2
+    with pytest.raises(ConfigError, match=r"optional_workers=1 and spare_workers=1 are both set: "
+                                          r"a job has spares or optional workers, not both"):
+      EpochSyncSettings(elastic=True, spare_workers=1, optional_workers=1)
 
   def test_every_problem_is_reported_at_once(self):
     with pytest.raises(ConfigError, match=r"\(3 problem\(s\)\)") as info:

@@ -37,7 +37,7 @@ __all__ = [
     "PROGRESS_SECS",
     "SAVE_CHECKPOINT_SECS",
     "SAVE_CHECKPOINT_STEPS", "UNIT_SEED", "UNIT_SHUFFLE", "CLAIM_TIMEOUT_SECS",
-    "ELASTIC", "SPARE_WORKERS",
+    "ELASTIC", "SPARE_WORKERS", "OPTIONAL_WORKERS",
     "SYNC",
     "DIVIDE_BY_INITIAL_WORKERS",
     "ENV_PREFIX",
@@ -145,6 +145,11 @@ SPARE_WORKERS = flags.DEFINE_integer(
     "epochsync_spare_workers", _DEFAULTS.spare_workers,
     "With --epochsync_elastic, the job's last this many worker tasks stand by as spares (graph "
     "built, session up) and join in place of lost workers (docs/elastic.md).", lower_bound=0)
+OPTIONAL_WORKERS = flags.DEFINE_integer(
+    "epochsync_optional_workers", _DEFAULTS.optional_workers,
+    "With --epochsync_elastic, the job's last this many worker tasks are optional: the job "
+    "starts without them, and each joins the running job when its process comes up (a pod "
+    "scheduled late); not with --epochsync_spare_workers (docs/elastic.md).", lower_bound=0)
 
 
 @flags.multi_flags_validator([SAVE_CHECKPOINT_SECS.name, SAVE_CHECKPOINT_STEPS.name])
@@ -175,7 +180,7 @@ _CROSS_RULES = {WARN_AFTER_SECS.name: f"< --{BARRIER_TIMEOUT_SECS.name}",
 EPOCHSYNC_FLAGS = (NUM_EPOCHS, NUM_WORKERS, SYNC, DIVIDE_BY_INITIAL_WORKERS, STARTUP_TIMEOUT_SECS,
                    BARRIER_TIMEOUT_SECS, STEP_TIMEOUT_SECS, WARN_AFTER_SECS, LOG_EVERY_SECS,
                    PROGRESS_SECS, SAVE_CHECKPOINT_SECS, SAVE_CHECKPOINT_STEPS, UNIT_SEED,
-                   UNIT_SHUFFLE, CLAIM_TIMEOUT_SECS, ELASTIC, SPARE_WORKERS)
+                   UNIT_SHUFFLE, CLAIM_TIMEOUT_SECS, ELASTIC, SPARE_WORKERS, OPTIONAL_WORKERS)
 
 # Each settings field and the flag that sets it.
 _SETTINGS_FLAGS = {
@@ -195,6 +200,7 @@ _SETTINGS_FLAGS = {
     "claim_timeout_secs": CLAIM_TIMEOUT_SECS,
     "elastic": ELASTIC,
     "spare_workers": SPARE_WORKERS,
+    "optional_workers": OPTIONAL_WORKERS,
 }
 
 

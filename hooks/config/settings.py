@@ -53,6 +53,9 @@ class EpochSyncSettings:
       others go on (training through a work queue; docs/elastic.md).
     spare_workers: `int` with `elastic`, the job's last this many worker tasks stand by as
       spares and join in place of lost workers, >= 0 (docs/elastic.md).
+    optional_workers: `int` with `elastic`, the job's last this many worker tasks are optional:
+      the job starts without them and each joins the running job when its process comes up
+      (a pod scheduled late), >= 0; not with spare_workers (docs/elastic.md).
 
   Raises:
     ConfigError: listing every invalid field with its value, the rule and the flag that sets it.
@@ -75,6 +78,7 @@ class EpochSyncSettings:
   claim_timeout_secs: float = 600.0
   elastic: bool = False
   spare_workers: int = 0
+  optional_workers: int = 0
 
   def __post_init__(self):
     problems = []
@@ -116,4 +120,14 @@ class EpochSyncSettings:
     _validate("spare_workers", lambda v: not (isinstance(v, int) and v > 0 and not self.elastic),
               "needs elastic=True (--epochsync_elastic): a spare joins in place of a lost "
               "worker, and only an elastic job goes on without one")
+    _validate("optional_workers", lambda v: isinstance(v, int) and not is_bool(v) and v >= 0,
+              "must be an integer >= 0")
+    _validate("optional_workers",
+              lambda v: not (isinstance(v, int) and v > 0 and not self.elastic),
+              "needs elastic=True (--epochsync_elastic): an optional worker joins the running "
+              "job, and only an elastic job goes on without a worker")
+    _validate("optional_workers",
+              lambda v: not (isinstance(v, int) and v > 0 and self.spare_workers),
+              f"and spare_workers={self.spare_workers!r} are both set: a job has spares or "
+              "optional workers, not both; set one (the other to 0)")
     raise_if_problems(problems, "EpochSyncSettings")

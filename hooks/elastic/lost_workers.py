@@ -71,6 +71,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
       counted as standing by until a process answers at its address again.
     num_epochs: the job's epochs (--epochsync_num_epochs): once they are all trained, a worker
       or spare that ends is not lost, and the watch stops.
+    optional: the `spare_ids` are optional workers (--epochsync_optional_workers): each joins as
+      soon as its process comes up, not in place of a lost worker.
     membership: the queue's MembershipOps to ask at each gather (synchronous: the sync
       optimizer's, which cancels a guest's join no step took in yet); default: the queue's.
   """
@@ -79,14 +81,15 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
                worker_names: Sequence[str], stalled_after_secs: float,
                period_secs: Optional[float] = None,
                on_lost: Optional[Callable[[Any, int], None]] = None, membership: Any = None,
-               spare_ids: Sequence[int] = (), num_epochs: Optional[int] = None):
+               spare_ids: Sequence[int] = (), num_epochs: Optional[int] = None,
+               optional: bool = False):
     self._queue, self._barrier, self._monitor = queue, barrier, monitor
     self._names = list(worker_names)
     self._period = probe_period_secs(len(self._names)) if period_secs is None else period_secs
     self._stalled_after = stalled_after_secs
     self._on_lost, self._own_membership = on_lost, membership
     self._lost: set = set()
-    self._spare_ids = tuple(spare_ids)
+    self._spare_ids, self._optional = tuple(spare_ids), optional
     self._spares: set = set()  # of _lost: spares standing by, not lost
     self._gone_spares: set = set()  # of _spares: their process is gone (until one answers)
     self._num_epochs = num_epochs
@@ -155,8 +158,9 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
       self._monitor.probe(gone)  # An answer records the new process's incarnation.
       for name in sorted(set(gone) - set(self._monitor.never_answered(gone))):
         self._gone_spares.discard(name)
-        logging.info("%s: a new process of %s, a spare, answers; it stands by again",
-                     self._names[0], name)
+        logging.info("%s: a new process of %s, %s, answers; it %s again", self._names[0],
+                     name, *(("an optional worker", "joins") if self._optional else
+                             ("a spare", "stands by")))
     standing = sorted(self._spares - self._gone_spares)
     dead = self._monitor.dead(standing)
     if dead and self._all_epochs_trained(session):
@@ -164,6 +168,10 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     for name, why in dead:
       self._monitor.forget(name)  # Its next answer is a new process's.
       self._gone_spares.add(name)
+      if self._optional:
+        logging.warning("%s, an optional worker not joined yet, is gone (%s); it joins when a "
+                        "process of %s answers again (relaunch it)", name, why, name)
+        continue
       logging.warning("%s, a spare standing by, is gone (%s); the job has no spare in its "
                       "place until a process of %s answers again (relaunch it)", name, why, name)
 
@@ -176,7 +184,9 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
         self._lost.discard(name)
         self._rejoined.add(name)
         logging.info("%s: %s %s the job (%s); watching it", self._names[0], name,
-                     *(("joined", "a spare, in place of a lost worker") if name in self._spares
+                     *(("joined", "an optional worker, up after the job's start")
+                       if name in self._spares and self._optional else
+                       ("joined", "a spare, in place of a lost worker") if name in self._spares
                        else ("rejoined", "a relaunched process")))
         self._spares.discard(name)
         self._gone_spares.discard(name)
@@ -212,11 +222,13 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
       self._on_lost(session, worker_id)
     self._barrier.stand_ins.lose(session, worker_id, epoch, held, self._still_lost, spare)
     if spare:
-      logging.info("%s is a spare: it stands by until a worker is lost, and %s arrives for it "
-                   "at every barrier until then", name, self._names[0])
+      logging.info("%s is %s; %s arrives for it at every barrier until then", name,
+                   "optional: the job starts without it, and it joins the running job once its "
+                   "process comes up" if self._optional else
+                   "a spare: it stands by until a worker is lost", self._names[0])
       return
     left = len(self._names) - 1 - len(self._lost)
-    standing_by = sorted(self._spares - self._gone_spares)
+    standing_by = [] if self._optional else sorted(self._spares - self._gone_spares)
     what = (f"its unit {unit} ({self._queue.units[unit]}) goes back to the queue after the "
             f"{skip} batches of it the model holds" if unit >= 0 else "it held no unit")
     logging.warning("%s is lost in epoch %d (%s); elastic: %s, and the job goes on with %s and "

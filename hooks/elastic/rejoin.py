@@ -16,6 +16,9 @@ its join answers FULL while no more workers are fenced than the job has spares. 
 by, its graph built and its session up, and joins in place of the first lost worker within the
 chief's detection; a relaunched worker that finds the job full stands by in its turn. A
 process that finds the job's epochs all trained ends (its session stops before a step).
+An optional worker (--epochsync_optional_workers, `optional`: a pod scheduled late) is fenced
+and arrived for from the run's start as a spare is, but joins as soon as its process is up: its
+join counts no spares (`spares=0`), so its own fence makes room for it.
 
 Synchronous training (`guest`) joins as a guest of the steps. The join only reserves its place;
 the steps wait for it from the round that takes it in, and that round comes only once its
@@ -27,6 +30,7 @@ Typical usage (hooks.session.wiring, on every worker but the chief with --epochs
   rejoin = Rejoin(queue, barrier)                              # asynchronous
   rejoin = Rejoin(queue, barrier, guest=elastic_sync.GuestJoin(...))   # synchronous
   rejoin = Rejoin(queue, barrier, spares=1, num_epochs=3, spare=True)  # a job's spare
+  rejoin = Rejoin(queue, barrier, num_epochs=3, spare=True, optional=True)  # optional worker
   start = RunStartHook(..., rejoin=rejoin)
   hooks += [GuestTakeInHook(rejoin, monitor, chief, timeout_secs), epoch_input.hook]
 """
@@ -49,15 +53,17 @@ _POLL_SECS = 0.02  # a guest's poll of `started`: two reads on the ps; its steps
 class Rejoin:
   """`rejoin(session)` (RunStartHook's): None once this worker joined the running job (or
   found its `num_epochs` all trained), else why not yet. `spares`: the job's spare workers;
-  `spare`: this worker is one. A synchronous guest (`guest`: the sync optimizer's
+  `spare`: this worker is one (`optional`: an optional worker, which joins at once). A
+  synchronous guest (`guest`: the sync optimizer's
   `join(session, epoch, spares) -> (answer, held)`, `ready(session, epoch)`,
   `started(session) -> its first step, or -1` and `take_local_step(session)`,
   hooks.session.elastic_sync) is then taken into the steps by `take_in`."""
 
   def __init__(self, queue: UnitPasses, barrier: Any, guest: Any = None, spares: int = 0,
-               num_epochs: Optional[int] = None, spare: bool = False):
+               num_epochs: Optional[int] = None, spare: bool = False, optional: bool = False):
     self._queue, self._barrier, self._guest = queue, barrier, guest
     self._spares, self._num_epochs, self._spare = spares, num_epochs, spare
+    self._optional = optional
     self._standing_by = False  # its join found the job full (logged once)
     self.finished = False  # it found the job's epochs all trained: its session ends at once
     self.task_name = queue.task_name
@@ -87,13 +93,17 @@ class Rejoin:
                      self.task_name, self._spares)
       return f"it stands by as a spare (epoch {running}) until a worker is lost"
     if answer == NOT_FENCED:
-      return (f"the chief has not found its earlier process lost yet (epoch {running}); it "
+      return ("the chief has not set it aside as optional yet (it does at the run's start)"
+              if self._spare and self._optional else
+              f"the chief has not found its earlier process lost yet (epoch {running}); it "
               "does within a few seconds")
     if answer != JOINED:
       return (f"it cannot join epoch {running} now (the chief arrives for it at its end, or "
               "its earlier process's last step is still being aggregated); it tries again")
     self.joined, self.pending = (running, held), self._guest is not None
     logging.info("%s joined epoch %d (%s)%s", self.task_name, running,
+                 "an optional worker, up after the job's start" if self._optional and (
+                     self._spare and not held) else
                  "a spare, in place of a lost worker" if self._standing_by or (
                      self._spare and not held) else
                  f"its earlier process trained {held} batches of it",

@@ -56,14 +56,17 @@ class EpochAudit:
     for stats in workers.values():  # Whose times these are (the whole epoch's counts).
       stats["attempt"] = record["attempt"]
     lost = set(fields.get("lost_workers", ()))  # Elastic: the chief arrived for them,
-    spares = set(fields.get("spare_workers", ()))  # and for the spares standing by.
-    for name in (lost | spares) & set(workers):
+    spares = set(fields.get("spare_workers", ()))  # and for the spares standing by,
+    optional = set(fields.get("optional_workers", ()))  # or the optional ones not joined yet.
+    for name in (lost | spares | optional) & set(workers):
       workers[name].update(examples=None, started_at=None, arrived_at=None,
-                           barrier_wait_secs=None, **{"spare" if name in spares else "lost": True})
+                           barrier_wait_secs=None, **{"spare" if name in spares else
+                                                      "optional" if name in optional else
+                                                      "lost": True})
     os.makedirs(self._directory, exist_ok=True)
     with open(self.path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
-    slowest = max((w for w in workers if w not in lost | spares),
+    slowest = max((w for w in workers if w not in lost | spares | optional),
                   key=lambda w: workers[w]["arrived_at"])
     attempts = record.get("attempts", [record["attempt"]])
     resumed = "" if len(attempts) < 2 else (
@@ -72,10 +75,12 @@ class EpochAudit:
     logging.info(
         "epoch %d done on all %d workers%s%s: %s; global_step %s; checkpoint %s; last to "
         "arrive %s", epoch, len(workers),
-        "".join(f" ({len(names)} {what})" for names, what in ((lost, "lost"), (spares, "spare"))
-                if names), resumed,
+        "".join(f" ({len(names)} {what})" for names, what in (
+            (lost, "lost"), (spares, "spare"), (optional, "optional, not joined yet")) if names),
+        resumed,
         ", ".join(f"{w} lost ({s['batches']} batches in the model)" if w in lost else
                   f"{w} a spare standing by" if w in spares else
+                  f"{w} optional, not joined yet" if w in optional else
                   f"{w} {s['batches']} batches/{s['examples']} examples"
                   for w, s in workers.items()),
         global_step, fields.get("checkpoint"), slowest)

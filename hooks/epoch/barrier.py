@@ -182,7 +182,7 @@ class EpochBarrierHook(_v1.train.SessionRunHook, EpochListener):
         _, step = _run(session, self._release, self._release_feed(seq))
       for key, names in (("lost_workers", self.stand_ins.names),
                          ("rejoined_workers", self.stand_ins.rejoined),
-                         ("spare_workers", self.stand_ins.spares)):
+                         (f"{self.stand_ins.absent_kind}_workers", self.stand_ins.spares)):
         if names:  # (elastic) arrived for by the chief; lost before, arrived themselves; idle
           fields[key] = names
       if self._audit and barrier == "epoch_end":

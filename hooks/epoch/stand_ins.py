@@ -1,7 +1,7 @@
 """The chief's arrivals for lost workers at the epoch barrier (elastic training).
 
 Once the chief has found a worker lost (hooks.elastic), it arrives for it at every barrier (for a
-spare worker standing by too, from the run's start): one
+spare worker standing by too, or an optional worker not joined yet, from the run's start): one
 run on ps:0 enqueues the worker's arrival (its batches in the model at the epoch's end,
 examples -1: unknown) unless the worker arrived itself before it died, so the chief's gather of
 n-1 arrivals completes without it. A worker lost while the chief gathers is arrived for at
@@ -50,6 +50,8 @@ class StandIns:
     self._gathering: Optional[Wait] = None
     self._rejoined: List[str] = []  # found rejoined at the last gather
     self._spares: Set[int] = set()  # of _lost: spares standing by, not lost
+    # What the job's `spares` are: "spare" (standing by) or "optional" (not joined yet).
+    self.absent_kind = "spare"
     self._lock = threading.Lock()
 
   def lose(self, session, worker_id: int, epoch: int, batches: int,
@@ -75,7 +77,8 @@ class StandIns:
 
   @property
   def spares(self) -> List[str]:
-    """The spare workers standing by (arrived for as the lost ones), sorted."""
+    """The spare workers standing by, or the optional ones not joined yet (arrived for as the
+    lost ones), sorted."""
     with self._lock:
       return sorted(self._names[w] for w in self._spares)
 
@@ -109,14 +112,22 @@ class StandIns:
       held = still_lost(session, worker_id, asked)
       if held is None:
         del self._lost[worker_id]
+        first = worker_id in self._spares  # a spare or an optional worker: its first join
         self._spares.discard(worker_id)
         self._rejoined.append(self._names[worker_id])
-        logging.info("%s rejoined the job: it arrives itself at %s of epoch %d",
-                     self._names[worker_id], wait.barrier, wait.epoch)
+        logging.info("%s %s the job: it arrives itself at %s of epoch %d",
+                     self._names[worker_id], "joined" if first else "rejoined", wait.barrier,
+                     wait.epoch)
         return
       epoch, batches = wait.epoch, held
     batches = batches if (epoch, wait.barrier) == (wait.epoch, "epoch_end") else 0
     if self._run(session, worker_id, batches, wait.seq):
       logging.info("%s arrives at %s of epoch %d for %s, which is %s", self._task,
                    wait.barrier, wait.epoch, self._names[worker_id],
-                   "a spare standing by" if worker_id in self._spares else "lost")
+                   self.absent_label if worker_id in self._spares else "lost")
+
+  @property
+  def absent_label(self) -> str:
+    """How the log names a worker of `spares`."""
+    return ("a spare standing by" if self.absent_kind == "spare" else
+            "an optional worker not joined yet")

@@ -109,11 +109,15 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   if hasattr(sync_hook, "use_liveness"):
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   rejoin, spare_ids = None, _spare_ids(config, settings)
-  spare = config.worker_id in spare_ids
+  spare = config.worker_id in spare_ids  # (or an optional worker: it joins from its start too)
+  optional = settings.elastic and settings.optional_workers > 0
+  if optional:
+    barrier.stand_ins.absent_kind = "optional"
   if settings.elastic and not config.is_chief:
     guest = None if sync_hook is None else elastic_sync.GuestJoin(sync_hook, config.worker_id)
-    rejoin = Rejoin(queue, barrier, guest=guest, spares=len(spare_ids),
-                    num_epochs=epoch_input.num_epochs, spare=spare)
+    # An optional worker joins at once: no spare stands by for a lost worker (spares=0).
+    rejoin = Rejoin(queue, barrier, guest=guest, spares=0 if optional else len(spare_ids),
+                    num_epochs=epoch_input.num_epochs, spare=spare, optional=optional)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
                        startup_timeout_secs=settings.startup_timeout_secs,
@@ -152,7 +156,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
                                  stalled_after_secs=_stalled_after(settings, sync_hook),
                                  on_lost=on_lost, membership=None if sync_hook is None else
                                  sync_hook.optimizer.sync_ops.guest.membership,
-                                 spare_ids=spare_ids, num_epochs=epoch_input.num_epochs))
+                                 spare_ids=spare_ids, num_epochs=epoch_input.num_epochs,
+                                 optional=optional))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))
@@ -182,14 +187,17 @@ def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: An
 
 
 def _spare_ids(config: ClusterConfig, settings: EpochSyncSettings) -> range:
-  """The worker ids of the spares (elastic): the last --epochsync_spare_workers."""
-  spares = settings.spare_workers if settings.elastic else 0
-  if spares >= config.num_workers:
+  """The worker ids of the spares, or of the optional workers (elastic): the last
+  --epochsync_spare_workers (--epochsync_optional_workers)."""
+  flag, count = (("spare_workers", settings.spare_workers) if settings.spare_workers else
+                 ("optional_workers", settings.optional_workers))
+  count = count if settings.elastic else 0
+  if count >= config.num_workers:
     raise ConfigError(
-        f"--epochsync_spare_workers={spares} leaves no task to train among the job's "
-        f"{config.num_workers} chief and worker tasks: the chief is never a spare; give at "
-        f"most {config.num_workers - 1}, or more worker tasks")
-  return range(config.num_workers - spares, config.num_workers)
+        f"--epochsync_{flag}={count} leaves no task to train among the job's "
+        f"{config.num_workers} chief and worker tasks: the chief is never a spare or optional; "
+        f"give at most {config.num_workers - 1}, or more worker tasks")
+  return range(config.num_workers - count, config.num_workers)
 
 
 def _stalled_after(settings: EpochSyncSettings, sync_hook: Any) -> float:

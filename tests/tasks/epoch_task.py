@@ -3,6 +3,8 @@
   --step_sleep_secs=0.2             every step sleeps (so a test can kill mid-epoch)
   --slowdown=5                      this task's steps sleep 5x --step_sleep_secs (per task)
   --stall_worker=2 --stall_epoch=1  worker id 2 never reaches the barrier of epoch 1
+  --start_delay_secs=8              this task starts 8 s late (a pod scheduled late: its server
+                                    comes up then)
   --chief_init_delay_secs=3         the chief creates its session (initialises) 3 s late, its
                                     server already up: every worker asks for the model first
   --save_sleep_secs=20              each epoch checkpoint of the chief takes 20 s longer (a
@@ -43,6 +45,8 @@ _SLOWDOWN = flags.DEFINE_float("slowdown", 1.0, "This task's steps sleep this ma
                                 lower_bound=0.0)
 _STALL_WORKER = flags.DEFINE_integer("stall_worker", -1, "Worker id that stalls.")
 _STALL_EPOCH = flags.DEFINE_integer("stall_epoch", 0, "Epoch at whose end it stalls.")
+_START_DELAY = flags.DEFINE_float("start_delay_secs", 0.0, "This task starts this late.",
+                                  lower_bound=0.0)
 _CHIEF_DELAY = flags.DEFINE_float("chief_init_delay_secs", 0.0,
                                    "The chief initialises the model this late.")
 _SAVE_SLEEP = flags.DEFINE_float("save_sleep_secs", 0.0,
@@ -215,6 +219,7 @@ def _extra_hooks(config, epoch_input):
 def main(argv):
   del argv
   faulthandler.register(signal.SIGTERM, chain=True)  # a task killed at a deadline shows where
+  time.sleep(_START_DELAY.value)
   if _MID_SAVE_SLEEP.value > 0:
     _slow_mid_epoch_saves()
   if _RESTORE_SLEEP.value > 0:
