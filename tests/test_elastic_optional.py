@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from hooks.epoch.audit import read_audit
 from hooks.testing.local_cluster import LocalCluster
-from elastic_checks import assert_equals_the_oracle, logged_at
+from elastic_checks import assert_equals_the_oracle, kill_inside_a_unit_of, logged_at, wait_for
 from log_checks import alarms
 
 pytestmark = [pytest.mark.cluster]
@@ -79,3 +79,39 @@ def test_an_optional_worker_up_late_joins_the_running_job_and_trains(tmp_path, s
   for name in ("ps-0", "worker-0", "worker-1", "worker-2", "worker-3"):
     loud = alarms(open(os.path.join(logs, f"{name}.log")).read())
     assert not loud, (name, loud)
+
+
+@pytest.mark.variant  # (the join is the test above's; this adds a loss after it)
+@pytest.mark.timeout(300)
+def test_an_optional_worker_that_joined_is_lost_and_rejoins_like_any_other(tmp_path):
+  """worker:3 comes up 8 s late and joins; it is SIGKILLed inside a unit of a later epoch and
+  relaunched: the chief names it lost (WARNING), takes its unit back, and the new process
+  rejoins the running job; every unit of every epoch once."""
+  logs, epochs = str(tmp_path / "logs"), 12
+  late_log = os.path.join(logs, "worker-3.log")
+  with LocalCluster(num_workers=4, timeout_secs=240, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path, False, epochs),
+                  per_task_args={"worker:3": [f"--start_delay_secs={LATE_SECS}"]})
+    deadline = time.monotonic() + 120
+    wait_for(late_log, r"worker:3 joined epoch", deadline)
+    kill_inside_a_unit_of(cluster, late_log, UNITS, deadline, range(1, epochs - 4),
+                          victim="worker:3", min_batches=4)
+    while cluster.results()["worker:3"].returncode is None:  # the killed process is reaped
+      time.sleep(0.05)
+    cluster.restart_task("worker:3")  # (its relaunch starts 8 s late too)
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert set(codes.values()) == {0}, [(t.name, t.returncode, t.tail())
+                                      for t in result.tasks.values()]
+  chief = open(os.path.join(logs, "worker-0.log")).read()
+  assert "worker:3 is lost in epoch" in chief, chief[-3000:]
+  assert "worker:3 rejoined the running job" in open(late_log).read()
+  audit = read_audit(str(tmp_path / "model"))
+  assert [line["epoch"] for line in audit] == list(range(epochs))
+  for line in audit:
+    units = line["units"]
+    assert sorted(u["index"] for u in units) == list(range(len(UNITS))), units
+    for u in units:
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
+  assert any(u["worker"] == "worker:3" for u in audit[-1]["units"]), audit[-1]["units"]
