@@ -7,7 +7,9 @@ fault and its victims, and the moment inside a unit. The faults, in turn: a work
 frozen (SIGSTOP, woken after the chief took its unit back); killed and relaunched (it rejoins);
 killed, relaunched, killed and relaunched again; two killed at once; killed and relaunched with
 a spare standing by (a 5th task, --epochsync_spare_workers=1: the spare takes its place, and
-the relaunched process stands by, or the other way round if it asks first). Every surviving
+the relaunched process stands by, or the other way round if it asks first); killed while an
+optional worker (a 5th task, --epochsync_optional_workers=1) starts 6 s late and joins the
+running job (it trains units of the last epoch). Every surviving
 task exits 0 and every epoch's audit lists every unit once with all its batches and examples.
 Asynchronous: the global step is the epochs' batches, less at most one per kill (a killed
 worker's batch that passed its gate may not have reached the model; a frozen one loses none).
@@ -33,8 +35,10 @@ from elastic_checks import assert_equals_the_oracle, wait_for
 pytestmark = [pytest.mark.cluster]
 
 TASKS = os.path.join(os.path.dirname(__file__), "tasks")
-FAULTS = ("killed", "frozen", "relaunched", "twice", "two_at_once", "spare")
-_EPOCHS = {"killed": 2, "frozen": 2, "two_at_once": 2, "relaunched": 6, "twice": 10, "spare": 4}
+FAULTS = ("killed", "frozen", "relaunched", "twice", "two_at_once", "spare", "optional")
+_EPOCHS = {"killed": 2, "frozen": 2, "two_at_once": 2, "relaunched": 6, "twice": 10, "spare": 4,
+           "optional": 6}
+LATE_SECS = 6.0  # the optional worker's late start
 
 
 def _log(logs: str, task: str) -> str:
@@ -81,9 +85,9 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
   if sync and front == "mts":
     command.append(f"--record_steps_dir={tmp_path}")
   spare = None
-  if fault == "spare":  # the last task stands by
+  if fault in ("spare", "optional"):  # the last task stands by, or starts late
     spare = "worker:4" if front == "mts" else "worker:3"
-    command.append("--epochsync_spare_workers=1")
+    command.append(f"--epochsync_{fault}_workers=1")
   print(f"elastic seed {seed} ({front}, {mode}): {fault} {victims}, units {units}, "
         f"{epochs} epochs")
   deadline = time.monotonic() + 360
@@ -91,7 +95,8 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
   with LocalCluster(num_workers=5 if spare else 4, has_chief=front == "estimator",
                     timeout_secs=360,
                     fail_fast_secs=None, log_dir=logs) as cluster:
-    cluster.start(command, per_task_args={v: slow for v in victims})
+    late = {spare: [f"--start_delay_secs={LATE_SECS}"]} if fault == "optional" else {}
+    cluster.start(command, per_task_args={**{v: slow for v in victims}, **late})
     _wait_for(logs, victims[0], re.escape(victims[0]) + r" took unit \d+ .* in epoch 0", deadline)
     time.sleep(rng.uniform(0.05, 0.8))  # somewhere inside the unit
     if fault == "frozen":
@@ -114,7 +119,7 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
     result = cluster.wait()
   codes = {name: r.returncode for name, r in result.tasks.items()}
   ended = {chief: 0, **{n: 0 for n in names + ([spare] if spare else [])}}
-  if fault in ("killed", "two_at_once"):
+  if fault in ("killed", "two_at_once", "optional"):
     ended.update({v: -9 for v in victims})
   if fault == "frozen":
     ended[victims[0]] = codes[victims[0]]
@@ -131,6 +136,14 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
   assert sorted(set(found) - {spare}) == sorted(victims), audit[0]
   if fault in ("relaunched", "twice"):
     assert "lost_workers" not in audit[-1], audit[-1]  # a member again at the end
+  if fault == "optional":  # it joined the running job, and trained in the last epoch
+    assert re.search(re.escape(spare) + r" joined epoch \d+ \(an optional worker",
+                     _log(logs, spare)), _log(logs, spare)[-3000:]
+    # Up late: not joined at epoch 0's end, or it joined epoch 0 (a slow first epoch).
+    assert spare in audit[0].get("optional_workers", []) + audit[0].get("rejoined_workers", []), (
+        audit[0])
+    assert any(u["worker"] == spare for u in audit[-1]["units"]), audit[-1]["units"]
+    spare = None  # a member like the others from then on
   if spare:  # one of the two joined; the other stood by to the end and exited 0
     joined = [t for t in (spare, victims[0]) if re.search(
         re.escape(t) + r" joined epoch \d+ ", _log(logs, t))]

@@ -53,6 +53,8 @@ _SEED = flags.DEFINE_integer("tf_random_seed", None, "RunConfig(tf_random_seed):
                              "initial variables in every run.")
 _STEP_SLEEP = flags.DEFINE_float("step_sleep_secs", 0.0, "Each training task sleeps this long "
                                  "after each step (a kill can land inside an epoch).")
+_START_DELAY = flags.DEFINE_float("start_delay_secs", 0.0, "This task starts this late (a pod "
+                                  "scheduled late).", lower_bound=0.0)
 _EVAL_TIMEOUT = flags.DEFINE_float("evaluator_timeout_secs", 7200.0,
                                    "EpochSyncRunConfig(evaluator_timeout_secs).")
 
@@ -119,6 +121,7 @@ def wide_deep(config):
 
 def main(argv):
   del argv
+  time.sleep(_START_DELAY.value)
   stopping = (estimator_ext.EarlyStopping(metric="loss", patience=_PATIENCE.value,
                                           min_delta=_MIN_DELTA.value)
               if _PATIENCE.value else None)
