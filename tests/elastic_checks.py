@@ -111,16 +111,24 @@ def _stream(line: dict, name: str) -> List[Tuple[int, int]]:
 
 def recorded_steps(records_dir: str, line: dict) -> Dict[int, List[Tuple[int, int]]]:
   """{step: [(unit, batch) of each worker's batch in it]} of an audit line, from the workers'
-  records (one line per step, written before it ran). A lost worker's last lines may be of
-  steps its batch never reached (it died, or was fenced, before its marker passed): past the
-  batches the audit says the model holds of it, they are dropped."""
+  records (one line per step, written before it ran, with the writing process). A process that
+  died or was fenced may have written one line of a step its batch never reached (its run in
+  flight): a lost worker's last lines past the batches the audit says the model holds of it
+  are dropped, and so is the last line of each earlier process of a worker relaunched in the
+  epoch when the worker has that many lines too many."""
   steps: Dict[int, List[Tuple[int, int]]] = {}
   for name in line["workers"]:
     path = os.path.join(records_dir, f"steps-worker-{name.split(':')[1]}.jsonl")
-    rows = [json.loads(r) for r in open(path)] if os.path.exists(path) else []
-    mine = [r["step"] for r in rows if r["epoch"] == line["epoch"]]
+    every = [json.loads(r) for r in open(path)] if os.path.exists(path) else []
+    # A process's last line, followed by another process's: that process died or was fenced.
+    last = {i for i in range(len(every) - 1) if every[i].get("pid") != every[i + 1].get("pid")}
+    kept = [i for i, r in enumerate(every) if r["epoch"] == line["epoch"]]
     stream = _stream(line, name)
     lost = line["workers"][name].get("lost")
+    in_flight = [i for i in kept if i in last]
+    if 0 < len(kept) - len(stream) == len(in_flight):  # each ended process's run in flight
+      kept = [i for i in kept if i not in in_flight]
+    mine = [every[i]["step"] for i in kept]
     assert len(mine) == len(stream) or (lost and len(mine) > len(stream)), (name, mine, stream)
     for step, batch in zip(mine, stream):
       steps.setdefault(step, []).append(batch)

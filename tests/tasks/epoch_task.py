@@ -168,7 +168,7 @@ def _lose_an_aggregation(number: int) -> None:
 
 
 class _RecordSteps(tf.compat.v1.train.SessionRunHook):
-  """Appends {"epoch", "step"} before each synchronous step: the step its batch goes into (the
+  """Appends {"epoch", "step", "pid"} before each synchronous step: the step its batch goes into (the
   worker's local step), read before the run, so a killed worker's batch in the model always
   has its line (the oracle ignores lines past the batches the audit says the model holds)."""
 
@@ -186,7 +186,8 @@ class _RecordSteps(tf.compat.v1.train.SessionRunHook):
     fetches = tf.nest.flatten(run_context.original_args.fetches)
     if any(getattr(f, "name", None) == self._train.name for f in fetches):
       epoch, step = run_context.session.run([self._epoch, self._local])
-      self._file.write(json.dumps({"epoch": int(epoch), "step": int(step)}) + "\n")
+      self._file.write(json.dumps({"epoch": int(epoch), "step": int(step),
+                                   "pid": os.getpid()}) + "\n")
       self._file.flush()
 
 
