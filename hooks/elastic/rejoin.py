@@ -93,7 +93,8 @@ class Rejoin:
                      self.task_name, self._spares)
       return f"it stands by as a spare (epoch {running}) until a worker is lost"
     if answer == NOT_FENCED:
-      return ("the chief has not set it aside as optional yet (it does at the run's start)"
+      return ("the chief has not fenced its slot yet (an optional worker's at the run's "
+              "start, a lost earlier process's within a few seconds)"
               if self._spare and self._optional else
               f"the chief has not found its earlier process lost yet (epoch {running}); it "
               "does within a few seconds")
