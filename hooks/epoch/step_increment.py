@@ -40,8 +40,9 @@ def lock_global_step_increments(graph: tf.Graph) -> List[str]:
   unlocked = [op for op in graph.get_operations()
               if op.type in _UPDATES and op.inputs[0].op is global_step.op
               and not op.get_attr("use_locking")]
+  locked = attr_value_pb2.AttrValue(b=True)
   for op in unlocked:
-    op._set_attr("use_locking", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+    op._set_attr("use_locking", locked)  # pylint: disable=protected-access
   if unlocked:
     logging.info("global_step's increments %s now hold its lock (use_locking): without it, "
                  "workers' overlapping increments on the ps count one step for two",

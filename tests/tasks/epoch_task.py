@@ -168,9 +168,10 @@ def _lose_an_aggregation(number: int) -> None:
 
 
 class _RecordSteps(tf.compat.v1.train.SessionRunHook):
-  """Appends {"epoch", "step", "pid"} before each synchronous step: the step its batch goes into (the
-  worker's local step), read before the run, so a killed worker's batch in the model always
-  has its line (the oracle ignores lines past the batches the audit says the model holds)."""
+  """Appends {"epoch", "step", "pid"} before each synchronous step: the step its batch goes
+  into (the worker's local step), read before the run, so a killed worker's batch in the model
+  always has its line (the oracle ignores lines past the batches the audit says the model holds,
+  and a process's line of its run in flight: tests/elastic_checks.recorded_steps)."""
 
   def __init__(self, epoch_input, path: str):
     self._epoch, self._path = epoch_input.epoch_tensor, path
