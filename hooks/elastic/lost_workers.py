@@ -168,12 +168,10 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     for name, why in dead:
       self._monitor.forget(name)  # Its next answer is a new process's.
       self._gone_spares.add(name)
-      if self._optional:
-        logging.warning("%s, an optional worker not joined yet, is gone (%s); it joins when a "
-                        "process of %s answers again (relaunch it)", name, why, name)
-        continue
-      logging.warning("%s, a spare standing by, is gone (%s); the job has no spare in its "
-                      "place until a process of %s answers again (relaunch it)", name, why, name)
+      what, until = (("an optional worker not joined yet", "it joins when") if self._optional
+                     else ("a spare standing by", "the job has no spare in its place until"))
+      logging.warning("%s, %s, is gone (%s); %s a process of %s answers again (relaunch it)",
+                      name, what, why, until, name)
 
   def _rearm_rejoined(self, session) -> None:
     """Lost workers whose fence a relaunched process lifted (it joined): probed again."""

@@ -53,7 +53,7 @@ _POLL_SECS = 0.02  # a guest's poll of `started`: two reads on the ps; its steps
 class Rejoin:
   """`rejoin(session)` (RunStartHook's): None once this worker joined the running job (or
   found its `num_epochs` all trained), else why not yet. `spares`: the job's spare workers;
-  `spare`: this worker is one (`optional`: an optional worker, which joins at once). A
+  `spare`: this worker is one (`optional`: it is an optional worker, which joins at once). A
   synchronous guest (`guest`: the sync optimizer's
   `join(session, epoch, spares) -> (answer, held)`, `ready(session, epoch)`,
   `started(session) -> its first step, or -1` and `take_local_step(session)`,
@@ -63,7 +63,7 @@ class Rejoin:
                num_epochs: Optional[int] = None, spare: bool = False, optional: bool = False):
     self._queue, self._barrier, self._guest = queue, barrier, guest
     self._spares, self._num_epochs, self._spare = spares, num_epochs, spare
-    self._optional = optional
+    self._optional = optional  # (implies `spare`)
     self._standing_by = False  # its join found the job full (logged once)
     self.finished = False  # it found the job's epochs all trained: its session ends at once
     self.task_name = queue.task_name
@@ -94,8 +94,7 @@ class Rejoin:
       return f"it stands by as a spare (epoch {running}) until a worker is lost"
     if answer == NOT_FENCED:
       return ("the chief has not fenced its slot yet (an optional worker's at the run's "
-              "start, a lost earlier process's within a few seconds)"
-              if self._spare and self._optional else
+              "start, a lost earlier process's within a few seconds)" if self._optional else
               f"the chief has not found its earlier process lost yet (epoch {running}); it "
               "does within a few seconds")
     if answer != JOINED:
@@ -103,11 +102,10 @@ class Rejoin:
               "its earlier process's last step is still being aggregated); it tries again")
     self.joined, self.pending = (running, held), self._guest is not None
     logging.info("%s joined epoch %d (%s)%s", self.task_name, running,
-                 "an optional worker, up after the job's start" if self._optional and (
-                     self._spare and not held) else
-                 "a spare, in place of a lost worker" if self._standing_by or (
-                     self._spare and not held) else
-                 f"its earlier process trained {held} batches of it",
+                 ("an optional worker, up after the job's start" if self._optional and not held
+                  else "a spare, in place of a lost worker" if self._standing_by or (
+                      self._spare and not held) else
+                  f"its earlier process trained {held} batches of it"),
                  "; a synchronous step takes it in once its session is ready" if self.pending
                  else "")
     if not self.pending:

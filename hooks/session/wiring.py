@@ -117,7 +117,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     guest = None if sync_hook is None else elastic_sync.GuestJoin(sync_hook, config.worker_id)
     # An optional worker joins at once: no spare stands by for a lost worker (spares=0).
     rejoin = Rejoin(queue, barrier, guest=guest, spares=0 if optional else len(spare_ids),
-                    num_epochs=epoch_input.num_epochs, spare=spare, optional=optional)
+                    num_epochs=epoch_input.num_epochs, spare=spare,
+                    optional=optional and spare)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
                        startup_timeout_secs=settings.startup_timeout_secs,
