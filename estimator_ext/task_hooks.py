@@ -10,6 +10,7 @@ Typical usage (estimator_ext.training does this after building the graph):
 # Estimator's own _device_fn and _session_config (tensorflow-estimator 2.15).
 # pylint: disable=protected-access
 
+import copy
 from typing import Any, List, Sequence
 
 import tensorflow as tf
@@ -94,18 +95,19 @@ def session_creator(estimator, config: EpochSyncRunConfig, scaffold):
   """
   cluster, master, monitor = config.epochsync_cluster, config.master, None
   startup = config.settings.startup_timeout_secs
+  session_config = estimator._session_config
   if cluster is not None:
-    server = tf.distribute.Server(cluster.cluster_spec(), job_name=cluster.task_type,
-                                  task_index=cluster.task_index, config=cluster.session_config(),
-                                  protocol=config.protocol or "grpc", start=True)
+    server = cluster.start_server(protocol=config.protocol or "grpc")
     master, monitor = server.target, liveness.monitor_for(cluster)
+    if cluster.beyond_launch:  # (a copy) its session brings its cluster to the ps tasks
+      session_config = cluster.with_propagated_cluster(copy.deepcopy(session_config))
   if config.is_chief:
     return EpochSyncChiefSessionCreator(
         scaffold=scaffold, master=master, config=estimator._session_config,
         checkpoint_dir=estimator.model_dir, liveness=monitor, startup_timeout_secs=startup,
         task_name=config.task_name, worker_names=config.worker_names)
   return FastWorkerSessionCreator(
-      scaffold=scaffold, master=master, config=estimator._session_config, max_wait_secs=startup,
+      scaffold=scaffold, master=master, config=session_config, max_wait_secs=startup,
       poll_secs=_POLL_SECS, task_name=config.task_name, chief_name=config.worker_names[0],
       liveness=monitor, worker_names=config.worker_names)
 

@@ -176,8 +176,7 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] =
   settings = epochsync_flags.settings_from_flags()
   if config.is_evaluator:
     return evaluate(config, settings)
-  server = tf.distribute.Server(config.cluster_spec(), job_name=config.task_type,
-                                task_index=config.task_index, config=config.session_config())
+  server = config.start_server()  # (a worker beyond the launch's cluster boots as a joiner)
   if config.is_ps:
     server.join()
   shard = [int(n) for n in _SHARD_BATCHES.value]

@@ -41,7 +41,8 @@ def all_tasks(cluster):
 
 
 def test_exports():
-  assert sorted(cluster_lib.__all__) == ["ClusterConfig", "resolve", "worker_problems"]
+  assert sorted(cluster_lib.__all__) == ["ClusterConfig", "JOINING_JOB", "resolve",
+                                        "worker_problems"]
 
 
 class TestWorkerProblems:
@@ -343,3 +344,39 @@ class TestResolve:
       assert other.describe() in info.call_args.args[0] % info.call_args.args[1:]
 
 
+
+
+class TestAJobThatMayGrow:
+  """launch_workers / max_workers (--epochsync_num_workers with --epochsync_max_workers)."""
+
+  CLUSTER = {"chief": ["h0:1"], "worker": ["h1:1", "h2:1"], "ps": ["p0:1", "p1:1"]}
+
+  def test_the_slots_past_the_cluster_are_named_and_only_its_workers_have_addresses(self):
+    config = ClusterConfig(self.CLUSTER, "worker", 0, launch_workers=3, max_workers=5)
+    assert config.worker_names == ("chief:0", "worker:0", "worker:1", "worker:2", "worker:3")
+    assert config.listed_workers == ("chief:0", "worker:0", "worker:1")
+    assert config.num_workers == 5 and not config.beyond_launch
+    assert "launched with 3 of at most 5 chief and worker tasks" in config.describe()
+    assert not config.session_config().HasField("cluster_def")
+    assert pickle.loads(pickle.dumps(config)) == config
+
+  def test_a_worker_beyond_the_launch_brings_its_cluster_to_the_ps_tasks(self):
+    config = ClusterConfig(self.CLUSTER, "worker", 1, launch_workers=2, max_workers=4)
+    assert config.beyond_launch and config.worker_id == 2
+    session_config = config.session_config()
+    assert list(session_config.device_filters) == ["/job:ps", "/job:worker/task:1"]
+    jobs = {job.name: dict(job.tasks) for job in session_config.cluster_def.job}
+    assert jobs == {"ps": {0: "p0:1", 1: "p1:1"}, "worker": {1: "h2:1"}}
+    assert session_config.experimental.share_session_state_in_clusterspec_propagation
+    assert "(this one beyond the launch)" in config.describe()
+
+  @pytest.mark.parametrize("launch, most, match", [
+      (3, 2, r"max_workers=2 is below num_workers=3"),
+      (4, 5, r"lists 3 chief and worker tasks: a job launched with num_workers=4"),
+      (1, 2, r"lists 3 chief and worker tasks: .* grows to at most max_workers=2"),
+      (0, 5, r"max_workers=5 needs num_workers"),
+      (2, 0, r"max_workers=0 needs num_workers"),
+      (-1, 4, r"launch_workers=-1 must be an integer >= 0")])
+  def test_counts_that_do_not_fit_the_cluster_are_refused_with_the_fix(self, launch, most, match):
+    with pytest.raises(ConfigError, match=match):
+      ClusterConfig(self.CLUSTER, "worker", 0, launch_workers=launch, max_workers=most)

@@ -132,7 +132,7 @@ def test_spare_workers_are_the_last_worker_ids_and_the_chief_is_never_one(graph)
   too_many = EpochSyncSettings(num_epochs=1, sync=False, elastic=True, save_checkpoint_secs=0,
                                spare_workers=2)
   with tf.Graph().as_default(), pytest.raises(
-      ConfigError, match=r"--epochsync_spare_workers=2 leaves no task to train among the job's "
+      ConfigError, match=r"--epochsync_spare_workers=2 leaves no task to train among the "
                          r"2 chief and worker tasks"):
     epoch_sync_hooks(CHIEF, _queue_input(too_many), too_many)
 
@@ -157,11 +157,48 @@ def test_optional_workers_are_the_last_worker_ids_and_join_without_a_spare_count
     assert start._spare and start._rejoin._optional and start._rejoin._spares == 0
 
 
+def _growing_hooks(task_type, task_index, worker_hosts, settings):
+  """The hooks of a task of a job launched with 2 chief and worker tasks, at most 4."""
+  config = ClusterConfig({"chief": ["localhost:1"], "worker": worker_hosts,
+                          "ps": ["localhost:3"]}, task_type, task_index, launch_workers=2,
+                         max_workers=4)
+  with tf.Graph().as_default():
+    units = [WorkUnit("", 0, 4), WorkUnit("", 4, 8)]
+    epoch_input = work_queue_input(units, lambda u: tf.data.Dataset.range(4).batch(2),
+                                   num_epochs=1, num_workers=4, worker_id=config.worker_id,
+                                   task_name=config.task_name, ps_device="", settings=settings)
+    return epoch_sync_hooks(config, epoch_input, settings)
+
+
+def test_a_job_that_may_grow_sets_the_slots_past_its_launch_aside_and_their_workers_announce():
+  """The chief starts without worker:1 and worker:2 (no task of the launch knows their
+  addresses) and learns each one's address at its join; a worker beyond the launch writes its
+  own before it joins, one of the launch does not."""
+  settings = EpochSyncSettings(num_epochs=1, sync=False, elastic=True, save_checkpoint_secs=0)
+  watch = next(h for h in _growing_hooks("chief", 0, ["localhost:2"], settings)
+               if isinstance(h, LostWorkerWatch))
+  assert list(watch._spare_ids) == [2, 3] and watch._optional
+  assert watch._unaddressed == {"worker:1", "worker:2"} and watch._addresses is not None
+  for index, announces in ((0, False), (1, True)):
+    start = next(h for h in _growing_hooks("worker", index, ["localhost:2", "localhost:4"],
+                                           settings) if isinstance(h, RunStartHook))
+    assert (start._rejoin._announce is not None) == announces, index
+    assert start._spare == announces and start._rejoin._spares == 0
+  with pytest.raises(ConfigError, match=r"--epochsync_max_workers=4 needs --epochsync_elastic"):
+    _growing_hooks("chief", 0, ["localhost:2"], EpochSyncSettings(
+        num_epochs=1, sync=False, save_checkpoint_secs=0))
+  with pytest.raises(ConfigError, match=r"--epochsync_max_workers=4 with "
+                                        r"--epochsync_spare_workers=1"):
+    _growing_hooks("chief", 0, ["localhost:2"], EpochSyncSettings(
+        num_epochs=1, sync=False, save_checkpoint_secs=0, elastic=True, spare_workers=1))
+
+
 class _Monitor:
   """A LivenessMonitor's answers for the chief's watch: `down` tasks refuse their probes."""
 
   def __init__(self):
     self.down, self.answered = set(), set()
+    self.addresses = dict.fromkeys(["chief:0", "worker:0", "worker:1"], "localhost:1")
 
   def probe(self, names):
     self.answered |= {n for n in names if n not in self.down}

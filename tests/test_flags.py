@@ -26,7 +26,7 @@ def test_exports():
       "STEP_TIMEOUT_SECS", "WARN_AFTER_SECS", "LOG_EVERY_SECS", "PROGRESS_SECS", "SYNC",
       "SAVE_CHECKPOINT_SECS", "SAVE_CHECKPOINT_STEPS", "UNIT_SEED", "UNIT_SHUFFLE",
       "CLAIM_TIMEOUT_SECS", "ELASTIC", "SPARE_WORKERS", "OPTIONAL_WORKERS",
-      "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
+      "MAX_WORKERS", "DIVIDE_BY_INITIAL_WORKERS", "define_cluster_flags", "cluster_from_flags",
       "settings_from_flags", "ENV_PREFIX", "EPOCHSYNC_FLAGS", "env_var", "apply_env"}
 
 
@@ -154,7 +154,8 @@ ENV_VALUES = {
     "epochsync_unit_seed": ("7", 7), "epochsync_unit_shuffle": ("0", False),
     "epochsync_claim_timeout_secs": ("45", 45.0), "epochsync_elastic": ("true", True),
     "epochsync_spare_workers": ("2", 2),
-    "epochsync_optional_workers": ("0", 0)}  # (not with spares: its own test below)
+    "epochsync_optional_workers": ("0", 0),  # (not with spares: its own test below)
+    "epochsync_max_workers": ("5", 5)}
 
 
 class TestEnvironmentVariables:
@@ -236,6 +237,28 @@ class TestEnvironmentVariables:
       flags_lib.cluster_from_flags()
     monkeypatch.setenv("EPOCHSYNC_NUM_WORKERS", "2")
     assert flags_lib.cluster_from_flags().worker_id == 1
+
+  def test_a_worker_beyond_the_launch_is_told_by_the_two_worker_counts(self, parse, monkeypatch):
+    """EPOCHSYNC_NUM_WORKERS is the launch's; EPOCHSYNC_MAX_WORKERS the most: a task listing
+    more than the launch's, up to the most, is accepted, and the one past the launch knows it."""
+    parse()
+    cluster = {"chief": ["a:1"], "worker": ["c:1", "d:1"], "ps": ["b:1"]}
+    monkeypatch.setenv("EPOCHSYNC_NUM_WORKERS", "2")
+    monkeypatch.setenv("EPOCHSYNC_MAX_WORKERS", "4")
+    for index, beyond in ((0, False), (1, True)):
+      monkeypatch.setenv("TF_CONFIG", json.dumps(
+          {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+      config = flags_lib.cluster_from_flags()
+      assert config.beyond_launch == beyond, index
+      assert config.worker_names == ("chief:0", "worker:0", "worker:1", "worker:2")
+    monkeypatch.setenv("EPOCHSYNC_MAX_WORKERS", "2")
+    with pytest.raises(ConfigError, match=r"lists 3 chief and worker tasks: a job launched with "
+                       r"num_workers=2 that grows to at most max_workers=2"):
+      flags_lib.cluster_from_flags()
+    monkeypatch.delenv("EPOCHSYNC_NUM_WORKERS")
+    monkeypatch.setenv("EPOCHSYNC_MAX_WORKERS", "4")
+    with pytest.raises(ConfigError, match=r"max_workers=4 needs num_workers"):
+      flags_lib.cluster_from_flags()
 
   @pytest.mark.parametrize("env, match", [
       ({"EPOCHSYNC_NUM_EPOCHS": "three"},

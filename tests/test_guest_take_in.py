@@ -37,10 +37,12 @@ class _Guest:
 class _Barrier:
   """The barrier's running epoch (`epochs` in turn) and its record of the rejoin."""
 
-  def __init__(self, epochs=(2,)):
-    self.epochs, self.rejoined = list(epochs), []
-    self.release_wait = types.SimpleNamespace(arrived_at_end=lambda session, epoch: False,
-                                              rejoined_at=self._rejoined_at)
+  def __init__(self, epochs=(2,), started=(True,)):
+    self.epochs, self.rejoined, self.started = list(epochs), [], list(started)
+    self.release_wait = types.SimpleNamespace(
+        arrived_at_end=lambda session, epoch: False, rejoined_at=self._rejoined_at,
+        others_arrived_at_start=lambda session, epoch: (
+            self.started.pop(0) if len(self.started) > 1 else self.started[0]))
 
   def _rejoined_at(self, epoch, held):
     self.rejoined.append((epoch, held))
@@ -102,3 +104,16 @@ def test_an_asynchronous_worker_arrives_itself_from_its_join_on():
   assert rejoin(None) is None and not rejoin.pending
   assert barrier.rejoined == [(2, 6)]
   _hook(rejoin).after_create_session(None, None)  # nothing to take in
+
+
+def test_a_worker_joins_an_epoch_only_once_the_others_arrived_at_its_start():
+  """Before that it would train the epoch while the chief still waits at its start for a late
+  worker of the launch, and arrive at its end out of turn (the chief refuses that)."""
+  barrier, writes = _Barrier(started=(False, None, True)), []
+  claims = types.SimpleNamespace(join=lambda session, epoch, spares: (JOINED, 0))
+  rejoin = Rejoin(types.SimpleNamespace(task_name="worker:3", claims=claims), barrier,
+                  spare=True, optional=True, announce=writes.append)
+  assert "epoch 2 has not started: its start barrier waits for workers" in rejoin("s")
+  assert "epoch 2 has not started" in rejoin("s")  # (the ps did not answer: asked again)
+  assert writes == [] and rejoin.joined is None
+  assert rejoin("s") is None and rejoin.joined == (2, 0) and writes == ["s"]

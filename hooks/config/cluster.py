@@ -17,11 +17,14 @@ from hooks.config.cluster_checks import (CHIEF as _CHIEF, EVALUATOR as _EVALUATO
                                          JOBS as _JOBS, MASTER as _MASTER, PS as _PS,
                                          WHERE as _WHERE, WORKER as _WORKER,
                                          cluster_problems as _cluster_problems,
+                                         growth_problems,
                                          task_problems as _task_problems,
                                          worker_problems)
 from hooks.errors import raise_if_problems
 
-__all__ = ["ClusterConfig", "resolve", "worker_problems"]
+__all__ = ["ClusterConfig", "resolve", "worker_problems", "JOINING_JOB"]
+
+JOINING_JOB = "epochsync_joining"  # The job a worker beyond the launch's cluster boots as.
 
 _TF_CONFIG_ENV = "TF_CONFIG"
 _CLUSTER_KEY, _TASK_KEY, _TYPE_KEY, _INDEX_KEY = "cluster", "task", "type", "index"
@@ -39,7 +42,7 @@ class ClusterConfig:
   task may be missing from the cluster itself (Kubeflow's TF_CONFIG leaves it out). Usage:
 
       config = ClusterConfig.from_tf_config()  # reads os.environ["TF_CONFIG"]
-      server = tf.distribute.Server(config.cluster_spec(), config.task_type, config.task_index)
+      server = config.start_server()  # (or tf.distribute.Server(config.cluster_spec(), ...))
       sess = tf.compat.v1.Session(config.target, config=config.session_config())
 
   Example (checkable):
@@ -56,6 +59,13 @@ class ClusterConfig:
     task_type: `str` this task's job: chief, worker, ps or evaluator ("master" means chief).
     task_index: `int` this task's index within its job.
     source: `str` "TF_CONFIG", "flags" or "arguments"; named in errors and in `describe()`.
+    launch_workers: `int` (a job that may grow) the chief and worker tasks the job was launched
+      with: the ps tasks know only those; a worker with a higher id is beyond the launch
+      (`beyond_launch`) and joins through `start_server()` and `session_config()`. 0: the
+      cluster's.
+    max_workers: `int` (a job that may grow) the most chief and worker tasks: `worker_names`
+      has this many slots, those past the cluster's without an address until their worker
+      joins (docs/elastic.md, "More workers than the launch's"). 0: the cluster's.
 
   Raises:
     ConfigError: listing every problem at once (bad or duplicate addresses, no ps job, no training
@@ -66,6 +76,8 @@ class ClusterConfig:
   task_type: str
   task_index: int
   source: str = "arguments"
+  launch_workers: int = 0
+  max_workers: int = 0
 
   def __post_init__(self):
     w = _WHERE.get(self.source)
@@ -78,9 +90,12 @@ class ClusterConfig:
     canon = types.MappingProxyType({job: addrs for job, addrs in canon.items() if addrs})
     object.__setattr__(self, "cluster", canon)
     object.__setattr__(self, "task_type", _CHIEF if self.task_type == _MASTER else self.task_type)
+    raise_if_problems(growth_problems(self.launch_workers, self.max_workers,
+                                      len(self.listed_workers), w), f"cluster from {self.source}")
 
   def __reduce__(self):  # A MappingProxyType cannot be pickled or deep-copied: rebuild instead.
-    return (ClusterConfig, (dict(self.cluster), self.task_type, self.task_index, self.source))
+    return (ClusterConfig, (dict(self.cluster), self.task_type, self.task_index, self.source,
+                            self.launch_workers, self.max_workers))
 
   @classmethod
   def from_tf_config(cls, tf_config: Union[str, Mapping[str, Any], None] = None) -> "ClusterConfig":
@@ -128,7 +143,10 @@ class ClusterConfig:
   def describe(self) -> str:
     """One line, e.g. "worker:1 of cluster {chief: 1, worker: 3, ps: 2} from TF_CONFIG"."""
     counts = ", ".join(f"{job}: {len(addrs)}" for job, addrs in self.cluster.items())
-    return f"{self.task_name} of cluster {{{counts}}} from {self.source}"
+    grows = (f", launched with {self.launch_workers} of at most {self.max_workers} chief and "
+             f"worker tasks{' (this one beyond the launch)' if self.beyond_launch else ''}"
+             if self.max_workers else "")
+    return f"{self.task_name} of cluster {{{counts}}} from {self.source}{grows}"
 
   __str__ = describe
 
@@ -139,11 +157,18 @@ class ClusterConfig:
                       doc="True on the chief task if a chief job exists, else on worker:0.")
   is_ps = property(lambda self: self.task_type == _PS, doc="True on a ps task.")
   is_evaluator = property(lambda self: self.task_type == _EVALUATOR, doc="True on the evaluator.")
-  num_workers = property(lambda self: len(self.worker_names), doc="Number of chief+worker tasks.")
-  worker_names = property(
+  num_workers = property(lambda self: len(self.worker_names),
+                         doc="Number of chief+worker tasks (slots, in a job that may grow).")
+  listed_workers = property(
       lambda self: tuple(f"{job}:{i}" for job in (_CHIEF, _WORKER)
                          for i in range(len(self.cluster.get(job, ())))),
-      doc='Training tasks in a fixed order: "chief:0" (if any), then "worker:0".."worker:N-1".')
+      doc="The chief and worker tasks the cluster lists (with an address), in worker id order.")
+  worker_names = property(
+      lambda self: self.listed_workers + tuple(
+          f"{_WORKER}:{i}" for i in range(len(self.cluster.get(_WORKER, ())),
+                                          self.max_workers - (_CHIEF in self.cluster))),
+      doc='Training tasks in a fixed order: "chief:0" (if any), then "worker:0".."worker:N-1"; '
+          "in a job that may grow, `max_workers` of them.")
   num_ps = property(lambda self: len(self.cluster[_PS]), doc="Number of ps tasks.")
   ps_names = property(lambda self: tuple(f"{_PS}:{i}" for i in range(self.num_ps)),
                       doc='("ps:0", ..., "ps:N-1").')
@@ -166,6 +191,12 @@ class ClusterConfig:
     return self.worker_names.index(self.task_name)
 
   @property
+  def beyond_launch(self) -> bool:
+    """True on a worker task that the ps tasks' cluster (the launch's) does not list."""
+    return (bool(self.launch_workers) and self.task_name in self.listed_workers
+            and self.worker_id >= self.launch_workers)
+
+  @property
   def device_filters(self) -> List[str]:
     """["/job:ps", own job_device]; [] on a ps task. Keeps a task from waiting on its peers."""
     return [] if self.is_ps else [f"/job:{_PS}", self.job_device]
@@ -177,9 +208,40 @@ class ClusterConfig:
     return tf.train.ClusterSpec({j: list(a) for j, a in self.cluster.items() if j != _EVALUATOR})
 
   def session_config(self) -> Any:
-    """A tf.compat.v1.ConfigProto with `device_filters` set."""
+    """A tf.compat.v1.ConfigProto with `device_filters` set (and, on a worker beyond the launch,
+    the cluster its sessions bring to the ps tasks: `with_propagated_cluster`)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.compat.v1.ConfigProto(device_filters=self.device_filters)
+    return self.with_propagated_cluster(tf.compat.v1.ConfigProto(
+        device_filters=self.device_filters))
+
+  def with_propagated_cluster(self, session_config: Any) -> Any:
+    """`session_config` itself, or on a worker beyond the launch with the cluster its session
+    brings: the ps tasks, which know only the launch's workers, serve the session in that
+    cluster (TensorFlow's ClusterSpec propagation) and share the launch's variables with it."""
+    if self.beyond_launch and not session_config.HasField("cluster_def"):
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      propagated = tf.train.ClusterSpec({_PS: list(self.cluster[_PS]), _WORKER: {
+          self.task_index: self.cluster[_WORKER][self.task_index]}})
+      session_config.cluster_def.CopyFrom(propagated.as_cluster_def())
+      session_config.experimental.share_session_state_in_clusterspec_propagation = True
+    return session_config
+
+  def start_server(self, config: Any = None, protocol: Optional[str] = None) -> Any:
+    """This task's started `tf.distribute.Server`; `config`: a ConfigProto (default: the device
+    filters). A worker beyond the launch boots as job "epochsync_joining" (TensorFlow refuses a
+    propagated cluster naming the task its server booted as); its sessions name it.
+
+        server = config.start_server()
+        session = tf.compat.v1.Session(server.target, config=config.session_config())
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    config = config or tf.compat.v1.ConfigProto(device_filters=self.device_filters)
+    spec, job, index = self.cluster_spec(), self.task_type, self.task_index
+    if self.beyond_launch:
+      spec = tf.train.ClusterSpec({JOINING_JOB: [self.cluster[_WORKER][self.task_index]]})
+      job, index = JOINING_JOB, 0
+    return tf.distribute.Server(spec, job_name=job, task_index=index, config=config,
+                                protocol=protocol)
 
   def to_tf_config(self, task_type: Optional[str] = None, task_index: Optional[int] = None) -> str:
     """TF_CONFIG JSON for a task of this cluster, e.g. to hand to a launched process.
@@ -199,13 +261,17 @@ class ClusterConfig:
 
 
 def resolve(env: Optional[Mapping[str, str]] = None, flag_values: Any = None,
-            num_workers: Optional[int] = None) -> ClusterConfig:
+            num_workers: Optional[int] = None, max_workers: Optional[int] = None
+            ) -> ClusterConfig:
   """This process's ClusterConfig: from TF_CONFIG if set and non-empty, else the classic flags.
 
   Args:
     env: `Mapping` the environment holding TF_CONFIG; defaults to os.environ.
     flag_values: `absl.flags.FlagValues` with --job_name etc. (parsed); defaults to absl's FLAGS.
-    num_workers: `int` expected number of chief+worker tasks (--epochsync_num_workers), or None.
+    num_workers: `int` expected number of chief+worker tasks (--epochsync_num_workers), or None;
+      with `max_workers`, the launch's (a task may list more: it is beyond the launch).
+    max_workers: `int` the most chief+worker tasks of a job that may grow
+      (--epochsync_max_workers), or None.
 
   Raises:
     ConfigError: the cluster is invalid, neither source is set, or num_workers disagrees.
@@ -225,7 +291,9 @@ def resolve(env: Optional[Mapping[str, str]] = None, flag_values: Any = None,
         "neither TF_CONFIG nor --job_name is set; export TF_CONFIG (Kubeflow TFJob format) or "
         "pass --job_name, --task_index, --ps_hosts and --worker_hosts"], "cluster")
     config = ClusterConfig.from_flags(**values)
-  if num_workers is not None and num_workers != config.num_workers:
+  if max_workers:
+    config = dataclasses.replace(config, launch_workers=num_workers or 0, max_workers=max_workers)
+  elif num_workers is not None and num_workers != config.num_workers:
     where = "TF_CONFIG" if config.source == "TF_CONFIG" else "--chief_hosts/--worker_hosts"
     raise_if_problems([f"num_workers={num_workers} but {where} lists {config.num_workers} chief+worker "
             f"tasks; set --epochsync_num_workers={config.num_workers} or fix {where}"],

@@ -10,7 +10,7 @@ Typical usage:
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["cluster_problems", "task_problems", "worker_problems", "is_address", "WHERE", "JOBS"]
+__all__ = ["cluster_problems", "task_problems", "worker_problems", "growth_problems", "is_address", "WHERE", "JOBS"]
 
 CHIEF, WORKER, PS, EVALUATOR, MASTER = "chief", "worker", "ps", "evaluator", "master"
 JOBS = (CHIEF, WORKER, PS, EVALUATOR)  # Canonical order; a "master" job becomes "chief".
@@ -116,3 +116,29 @@ def worker_problems(num_workers: Any, worker_id: Any,
     problems.append(f"worker_names has {len(worker_names)} names but num_workers={num_workers} "
                     "(pass ClusterConfig.worker_names)")
   return problems
+
+
+def growth_problems(launch_workers: Any, max_workers: Any, listed: int,
+                    w: Mapping[str, str]) -> List[str]:
+  """What is wrong with a job that may grow: `launch_workers` chief and worker tasks at its
+  launch, at most `max_workers`, `listed` in this task's cluster (0, 0: a job that does not)."""
+  ints = [f"{name}={value!r} must be an integer >= 0" for name, value in (
+      ("launch_workers", launch_workers), ("max_workers", max_workers))
+          if not isinstance(value, int) or isinstance(value, bool) or value < 0]
+  if ints or not (launch_workers or max_workers):
+    return ints
+  if not launch_workers or not max_workers:
+    return [f"max_workers={max_workers} needs num_workers, the chief and worker tasks the job "
+            "is launched with (the ps tasks know only those); set --epochsync_num_workers "
+            "(EPOCHSYNC_NUM_WORKERS) with --epochsync_max_workers (EPOCHSYNC_MAX_WORKERS), the "
+            "same on every task"]
+  if max_workers < launch_workers:
+    return [f"max_workers={max_workers} is below num_workers={launch_workers}, the chief and "
+            "worker tasks the job is launched with; set --epochsync_max_workers to the most the "
+            "job may grow to, at least --epochsync_num_workers"]
+  if not launch_workers <= listed <= max_workers:
+    return [f"{w['cluster']} lists {listed} chief and worker tasks: a job launched with "
+            f"num_workers={launch_workers} that grows to at most max_workers={max_workers} "
+            f"lists from {launch_workers} to {max_workers}; fix {w['cluster']}, or raise "
+            "--epochsync_max_workers on every task at the job's next launch"]
+  return []

@@ -28,6 +28,7 @@ from hooks.errors import ConfigError
 
 __all__ = [
     "NUM_WORKERS",
+    "MAX_WORKERS",
     "NUM_EPOCHS",
     "BARRIER_TIMEOUT_SECS",
     "STARTUP_TIMEOUT_SECS",
@@ -150,6 +151,12 @@ OPTIONAL_WORKERS = flags.DEFINE_integer(
     "With --epochsync_elastic, the job's last this many worker tasks are optional: the job "
     "starts without them, and each joins the running job when its process comes up (a pod "
     "scheduled late); not with --epochsync_spare_workers (docs/elastic.md).", lower_bound=0)
+MAX_WORKERS = flags.DEFINE_integer(
+    "epochsync_max_workers", None,
+    "With --epochsync_elastic, the most training tasks (chief + worker) the job may grow to: "
+    "workers beyond the launch's --epochsync_num_workers (a replica count raised on a running "
+    "TFJob) join the running job; set both, the same on every task (docs/elastic.md).",
+    lower_bound=1)
 
 
 @flags.multi_flags_validator([SAVE_CHECKPOINT_SECS.name, SAVE_CHECKPOINT_STEPS.name])
@@ -180,7 +187,8 @@ _CROSS_RULES = {WARN_AFTER_SECS.name: f"< --{BARRIER_TIMEOUT_SECS.name}",
 EPOCHSYNC_FLAGS = (NUM_EPOCHS, NUM_WORKERS, SYNC, DIVIDE_BY_INITIAL_WORKERS, STARTUP_TIMEOUT_SECS,
                    BARRIER_TIMEOUT_SECS, STEP_TIMEOUT_SECS, WARN_AFTER_SECS, LOG_EVERY_SECS,
                    PROGRESS_SECS, SAVE_CHECKPOINT_SECS, SAVE_CHECKPOINT_STEPS, UNIT_SEED,
-                   UNIT_SHUFFLE, CLAIM_TIMEOUT_SECS, ELASTIC, SPARE_WORKERS, OPTIONAL_WORKERS)
+                   UNIT_SHUFFLE, CLAIM_TIMEOUT_SECS, ELASTIC, SPARE_WORKERS, OPTIONAL_WORKERS,
+                   MAX_WORKERS)
 
 # Each settings field and the flag that sets it.
 _SETTINGS_FLAGS = {
@@ -251,17 +259,20 @@ def cluster_from_flags(flag_values: flags.FlagValues = flags.FLAGS,
   EPOCHSYNC_NUM_WORKERS count.
 
   Raises:
-    ConfigError: the cluster is invalid, disagrees with --epochsync_num_workers, or neither
+    ConfigError: the cluster is invalid, disagrees with --epochsync_num_workers (or
+      --epochsync_max_workers), or neither
       TF_CONFIG nor parsed cluster flags exist.
   """
   env = os.environ if env is None else env
   apply_env(flag_values, env)
-  num_workers = flag_values[NUM_WORKERS.name].value if NUM_WORKERS.name in flag_values else None
+  num_workers, max_workers = (flag_values[f.name].value if f.name in flag_values else None
+                              for f in (NUM_WORKERS, MAX_WORKERS))
   if not flag_values.is_parsed() and not (env.get("TF_CONFIG") or "").strip():
     raise ConfigError("no cluster: TF_CONFIG is not set and the flags were not parsed, so "
                       "--job_name/--ps_hosts/--worker_hosts cannot be read; export TF_CONFIG "
                       "(Kubeflow TFJob format) or parse the flags (absl app.run) before this call")
-  return _cluster.resolve(env=env, flag_values=flag_values, num_workers=num_workers)
+  return _cluster.resolve(env=env, flag_values=flag_values, num_workers=num_workers,
+                          max_workers=max_workers)
 
 
 def settings_from_flags(flag_values: flags.FlagValues = flags.FLAGS,

@@ -75,6 +75,9 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
       soon as its process comes up, not in place of a lost worker.
     membership: the queue's MembershipOps to ask at each gather (synchronous: the sync
       optimizer's, which cancels a guest's join no step took in yet); default: the queue's.
+    addresses: a job that may grow (--epochsync_max_workers): the `WorkerAddresses` where a
+      worker the cluster gives no address wrote its own before it joined; the watch probes it
+      there from its join.
   """
 
   def __init__(self, queue: UnitPasses, barrier, monitor: LivenessMonitor,
@@ -82,7 +85,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
                period_secs: Optional[float] = None,
                on_lost: Optional[Callable[[Any, int], None]] = None, membership: Any = None,
                spare_ids: Sequence[int] = (), num_epochs: Optional[int] = None,
-               optional: bool = False):
+               optional: bool = False, addresses: Any = None):
     self._queue, self._barrier, self._monitor = queue, barrier, monitor
     self._names = list(worker_names)
     self._period = probe_period_secs(len(self._names)) if period_secs is None else period_secs
@@ -94,6 +97,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     self._gone_spares: set = set()  # of _spares: their process is gone (until one answers)
     self._num_epochs = num_epochs
     self._rejoined: set = set()  # probed as known up: a rejoined process that is down is lost
+    self._addresses = addresses  # (a job that may grow) and the workers it gives no address:
+    self._unaddressed = frozenset(self._names) - set(monitor.addresses)
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
 
@@ -161,7 +166,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
         logging.info("%s: a new process of %s, %s, answers; it %s again", self._names[0],
                      name, *(("an optional worker", "joins") if self._optional else
                              ("a spare", "stands by")))
-    standing = sorted(self._spares - self._gone_spares)
+    standing = sorted(n for n in self._spares - self._gone_spares if n in self._monitor.addresses)
     dead = self._monitor.dead(standing)
     if dead and self._all_epochs_trained(session):
       return
@@ -177,7 +182,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     """Lost workers whose fence a relaunched process lifted (it joined): probed again."""
     claims = self._run(session, self._read_claims, None, "the read of the queue")
     for name in sorted(self._lost):
-      if claims[self._names.index(name)] > FENCE_MARK:
+      if claims[self._names.index(name)] > FENCE_MARK and self._learn_address(session, name):
         self._monitor.forget(name)
         self._lost.discard(name)
         self._rejoined.add(name)
@@ -188,6 +193,18 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
                        else ("rejoined", "a relaunched process")))
         self._spares.discard(name)
         self._gone_spares.discard(name)
+
+  def _learn_address(self, session, name: str) -> bool:
+    """False while a joined worker the cluster gives no address has not written one (it
+    writes it before its join: never, unless a process of an older tf-epochsync joined)."""
+    if name not in self._unaddressed or self._addresses is None:
+      return True
+    address = self._addresses.read(session, self._names.index(name))
+    if address:
+      self._monitor.learn_address(name, address)
+      logging.info("%s: %s, beyond the launch's cluster, listens at %s", self._names[0], name,
+                   address)
+    return bool(address)
 
   def _run(self, session, fetches, feeds, what: str):
     return step_retry.run_rerunnable(

@@ -36,7 +36,7 @@ Typical usage (hooks.session.wiring, on every worker but the chief with --epochs
 """
 
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import tensorflow as tf
 
@@ -57,11 +57,15 @@ class Rejoin:
   synchronous guest (`guest`: the sync optimizer's
   `join(session, epoch, spares) -> (answer, held)`, `ready(session, epoch)`,
   `started(session) -> its first step, or -1` and `take_local_step(session)`,
-  hooks.session.elastic_sync) is then taken into the steps by `take_in`."""
+  hooks.session.elastic_sync) is then taken into the steps by `take_in`. `announce(session)`
+  runs before each join (a worker beyond the launch's cluster writes its address:
+  hooks.elastic.addresses)."""
 
   def __init__(self, queue: UnitPasses, barrier: Any, guest: Any = None, spares: int = 0,
-               num_epochs: Optional[int] = None, spare: bool = False, optional: bool = False):
+               num_epochs: Optional[int] = None, spare: bool = False, optional: bool = False,
+               announce: Optional[Callable[[Any], None]] = None):
     self._queue, self._barrier, self._guest = queue, barrier, guest
+    self._announce = announce
     self._spares, self._num_epochs, self._spare = spares, num_epochs, spare
     self._optional = optional  # (implies `spare`)
     self._standing_by = False  # its join found the job full (logged once)
@@ -84,6 +88,11 @@ class Rejoin:
     if self._barrier.release_wait.arrived_at_end(session, running):
       return (f"the end of epoch {running} already counts an arrival for it (its earlier "
               "process's, or the chief's for it); it joins when that epoch ends")
+    if not self._barrier.release_wait.others_arrived_at_start(session, running):
+      return (f"epoch {running} has not started: its start barrier waits for workers of the "
+              "job's launch; it joins once they are all there")
+    if self._announce is not None:
+      self._announce(session)
     answer, held = (self._guest or self._queue.claims).join(session, running, self._spares)
     if answer == FULL:
       if not self._standing_by:

@@ -62,6 +62,14 @@ class ReleaseWait:
     missing = self._missing(session, 2 * epoch + 1)
     return missing is None or self._task not in missing
 
+  def others_arrived_at_start(self, session, epoch: int) -> bool:
+    """Whether every other worker arrived at `epoch`'s start barrier, if the chief arrived for
+    this one there (the run started at `epoch`, and the launch's workers may still be on their
+    way: a worker that joined now would arrive at the epoch's end before the start is released).
+    True if it was not (the run started earlier); False if the ps did not answer."""
+    missing = self._missing(session, 2 * epoch)
+    return missing is not None and (self._task in missing or not missing)
+
   def arrive(self, session, wait: Wait, arrive_and_wait, feed_dict, next_release) -> None:
     """One run enqueues the arrival and dequeues the release; returns once released."""
     got = self._released(session, wait, arrive_and_wait, feed_dict)

@@ -126,6 +126,13 @@ class LivenessMonitor:
       self._incarnations.pop(name, None)
       self._busy_since.pop(name, None)
 
+  def learn_address(self, name: str, address: str) -> None:
+    """Probes `name` at `address` from now on (a worker beyond the launch's cluster, which gave
+    it none); `forget`s it. The mapping is replaced, not changed: a reader iterating it is safe."""
+    self.forget(name)
+    with self._lock:
+      self.addresses = {**self.addresses, name: address}
+
   def never_answered(self, names: Sequence[str]) -> List[str]:
     """The tasks among `names` that no probe of this process has found up yet."""
     with self._lock:

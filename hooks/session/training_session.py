@@ -269,14 +269,14 @@ def _hook_problems(hooks: Sequence[Any]) -> List[str]:
 
 
 def _with_device_filters(config: Optional[_v1.ConfigProto], cluster: ClusterConfig):
-  """`config` (copied) with this task's device filters if it has none."""
+  """`config` (copied) with this task's device filters if it has none (and, on a worker beyond
+  the launch's cluster, the cluster its session brings: `ClusterConfig.with_propagated_cluster`)."""
   if config is None:
     return cluster.session_config()
-  if config.device_filters:
-    return config
   out = _v1.ConfigProto()
   out.CopyFrom(config)
-  out.device_filters.extend(cluster.device_filters)
-  logging.info("%s: session config without device_filters: using %s", cluster.task_name,
-               cluster.device_filters)
-  return out
+  if not config.device_filters:
+    out.device_filters.extend(cluster.device_filters)
+    logging.info("%s: session config without device_filters: using %s", cluster.task_name,
+                 cluster.device_filters)
+  return cluster.with_propagated_cluster(out)

@@ -36,6 +36,7 @@ from hooks.epoch.run_start import RunStartHook
 from hooks.session import elastic_sync
 from hooks.config.settings import EpochSyncSettings
 from hooks.elastic import FenceCheckHook, GuestTakeInHook, LostWorkerWatch, Rejoin
+from hooks.elastic.addresses import WorkerAddresses
 from hooks.errors import ConfigError
 from hooks.workqueue.audit import audit_work_queue
 from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
@@ -110,15 +111,20 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
     sync_hook.use_liveness(monitor, lambda: epoch_input.hook.epoch)
   rejoin, spare_ids = None, _spare_ids(config, settings)
   spare = config.worker_id in spare_ids  # (or an optional worker: it joins from its start too)
-  optional = settings.elastic and settings.optional_workers > 0
+  optional = settings.elastic and (settings.optional_workers > 0 or _grows(config))
   if optional:
     barrier.stand_ins.absent_kind = "optional"
+  # (a job that may grow) where the workers beyond the launch's cluster listen
+  addresses = WorkerAddresses("/job:ps/task:0") if _grows(config) else None
   if settings.elastic and not config.is_chief:
     guest = None if sync_hook is None else elastic_sync.GuestJoin(sync_hook, config.worker_id)
+    own = config.target[len("grpc://"):]
     # An optional worker joins at once: no spare stands by for a lost worker (spares=0).
     rejoin = Rejoin(queue, barrier, guest=guest, spares=0 if optional else len(spare_ids),
                     num_epochs=epoch_input.num_epochs, spare=spare,
-                    optional=optional and spare)
+                    optional=optional and spare, announce=(
+                        lambda session: addresses.write(session, config.worker_id, own))
+                    if config.beyond_launch else None)
   start = RunStartHook(config.is_chief, config.worker_names[0], monitor,
                        task_name=config.task_name,
                        startup_timeout_secs=settings.startup_timeout_secs,
@@ -158,7 +164,7 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
                                  on_lost=on_lost, membership=None if sync_hook is None else
                                  sync_hook.optimizer.sync_ops.guest.membership,
                                  spare_ids=spare_ids, num_epochs=epoch_input.num_epochs,
-                                 optional=optional))
+                                 optional=optional, addresses=addresses))
   if config.is_chief and model_dir:
     hooks.append(ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners,
                                            save_graph_def=save_graph_def))
@@ -187,18 +193,36 @@ def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: An
   return queue
 
 
+def _grows(config: ClusterConfig) -> bool:
+  """True in a job that may grow past its launch (--epochsync_max_workers)."""
+  return config.max_workers > config.launch_workers > 0
+
+
 def _spare_ids(config: ClusterConfig, settings: EpochSyncSettings) -> range:
-  """The worker ids of the spares, or of the optional workers (elastic): the last
-  --epochsync_spare_workers (--epochsync_optional_workers)."""
+  """The worker ids of the spares, or of the optional workers (elastic): the launch's last
+  --epochsync_spare_workers (--epochsync_optional_workers), and every slot past the launch
+  (--epochsync_max_workers)."""
+  if _grows(config) and not settings.elastic:
+    raise ConfigError(
+        f"--epochsync_max_workers={config.max_workers} needs --epochsync_elastic: a worker "
+        "beyond the launch joins the running job, which only an elastic job takes in; turn "
+        "elastic on, or unset --epochsync_max_workers")
+  if _grows(config) and settings.spare_workers:
+    raise ConfigError(
+        f"--epochsync_max_workers={config.max_workers} with --epochsync_spare_workers="
+        f"{settings.spare_workers}: a worker beyond the launch joins at once, a spare stands by; "
+        "a job has one or the other: set --epochsync_spare_workers=0, or unset "
+        "--epochsync_max_workers")
   flag, count = (("spare_workers", settings.spare_workers) if settings.spare_workers else
                  ("optional_workers", settings.optional_workers))
   count = count if settings.elastic else 0
-  if count >= config.num_workers:
+  launch = config.launch_workers or config.num_workers
+  if count >= launch:
     raise ConfigError(
-        f"--epochsync_{flag}={count} leaves no task to train among the job's "
-        f"{config.num_workers} chief and worker tasks: the chief is never a spare or optional; "
-        f"give at most {config.num_workers - 1}, or more worker tasks")
-  return range(config.num_workers - count, config.num_workers)
+        f"--epochsync_{flag}={count} leaves no task to train among the {launch} chief and "
+        f"worker tasks the job launches with: the chief is never a spare or optional; give at "
+        f"most {launch - 1}, or more worker tasks")
+  return range(launch - count, config.num_workers)
 
 
 def _stalled_after(settings: EpochSyncSettings, sync_hook: Any) -> float:

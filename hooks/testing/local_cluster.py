@@ -51,6 +51,10 @@ class LocalCluster:
     stream_logs: `bool`, echo every task's output prefixed with `[worker:2]`.
     log_dir: where `<task>.log` files go (default: a new temporary directory).
     env: extra environment variables for every task.
+    launch_workers: `int` (a job that may grow) the training tasks the launch's cluster lists:
+      the ps tasks and the first this many chief and worker tasks get a TF_CONFIG listing only
+      those; each later worker's lists the workers up to itself (a replica count raised on a
+      running TFJob). None: every task's lists every task.
     on_line: `Callable[[str, str], None]`, called with (task name, line) for every line a
       task prints, from that task's log thread (e.g. to echo progress lines).
 
@@ -63,7 +67,8 @@ class LocalCluster:
                fail_fast_secs: Optional[float] = 10.0, stream_logs: bool = False,
                log_dir: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
                ps_command: Sequence[str] = PS_COMMAND,
-               on_line: Optional[Callable[[str, str], None]] = None):
+               on_line: Optional[Callable[[str, str], None]] = None,
+               launch_workers: Optional[int] = None):
     if num_workers < 1 or num_ps < 1:
       raise ValueError(f"num_workers={num_workers}, num_ps={num_ps}: both must be >= 1")
     if timeout_secs <= 0:
@@ -76,6 +81,7 @@ class LocalCluster:
     self._env = dict(env or {})
     self._ps_command = tuple(ps_command)
     self._on_line = on_line
+    self._launch_workers = launch_workers
     jobs = {"ps": num_ps, "worker": num_workers - 1 if has_chief else num_workers}
     if has_chief:
       jobs["chief"] = 1
@@ -96,6 +102,10 @@ class LocalCluster:
   def tf_config(self, task_type: str, index: int) -> str:
     """The TF_CONFIG JSON that task `task_type:index` is started with (evaluator excluded)."""
     cluster = {job: addrs for job, addrs in self.cluster.items() if job != "evaluator"}
+    if self._launch_workers is not None:  # the launch's workers, or the workers up to this one
+      listed = self._launch_workers - ("chief" in cluster)
+      cluster["worker"] = cluster["worker"][:max(listed, index + 1 if task_type == "worker"
+                                                 else 0)]
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
   def target(self, task_name: str) -> str:
