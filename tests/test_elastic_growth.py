@@ -82,3 +82,59 @@ def test_a_worker_beyond_the_launch_joins_the_running_job_and_trains(tmp_path, s
   for name in ("ps-0", "worker-0", "worker-1", "worker-2", "worker-3"):
     loud = alarms(open(os.path.join(logs, f"{name}.log")).read())
     assert not loud, (name, loud)
+
+
+@pytest.mark.timeout(300)
+def test_a_joiner_up_before_a_late_worker_of_the_launch_waits_for_the_run_to_start(tmp_path):
+  """worker:3 (beyond the launch) is up at once, worker:2 (of the launch) 12 s late: the chief
+  arrived for worker:3 at the run's start barrier, which waits for worker:2. worker:3 joins
+  epoch 0 only once the start is released; joined earlier, it trained epoch 0 and arrived at
+  its end while the chief still waited at its start, which the chief refused (ConfigError)."""
+  logs, epochs = str(tmp_path / "logs"), 4
+  with LocalCluster(num_workers=4, launch_workers=3, timeout_secs=240, log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path, False, epochs),
+                  per_task_args={"worker:2": [f"--start_delay_secs={LATE_SECS}"]})
+    result = cluster.wait()
+  result.check()
+  early = open(os.path.join(logs, "worker-3.log")).read()
+  assert "epoch 0 has not started: its start barrier waits for workers of the job's launch" in (
+      early), early[-3000:]
+  assert "worker:3 joined epoch 0 (an optional worker, up after the job's start)" in early
+  audit = read_audit(str(tmp_path / "model"))
+  _check_every_unit_once(audit, epochs)
+  assert any(u["worker"] == "worker:3" for u in audit[0]["units"]), audit[0]["units"]
+  step = int(tf.train.load_variable(tf.train.latest_checkpoint(str(tmp_path / "model")),
+                                    "global_step"))
+  assert step == epochs * sum(UNITS), step
+
+
+@pytest.mark.variant  # (the join is the first test's; this adds a loss after it)
+@pytest.mark.timeout(300)
+def test_a_worker_beyond_the_launch_that_is_lost_rejoins_at_the_address_it_writes(tmp_path):
+  """worker:3 joins 12 s late, is SIGKILLed inside a unit of a later epoch and relaunched: the
+  chief names it lost, takes its unit back, and probes the new process, which wrote its
+  address again before it rejoined; every unit of every epoch once."""
+  logs, epochs = str(tmp_path / "logs"), 12
+  late_log = os.path.join(logs, "worker-3.log")
+  with LocalCluster(num_workers=4, launch_workers=3, timeout_secs=240, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(_command(tmp_path, False, epochs),
+                  per_task_args={"worker:3": [f"--start_delay_secs={LATE_SECS}"]})
+    deadline = time.monotonic() + 120
+    wait_for(late_log, r"worker:3 joined epoch", deadline)
+    kill_inside_a_unit_of(cluster, late_log, UNITS, deadline, range(1, epochs - 4),
+                          victim="worker:3", min_batches=4)
+    while cluster.results()["worker:3"].returncode is None:  # the killed process is reaped
+      time.sleep(0.05)
+    cluster.restart_task("worker:3")  # (its relaunch starts 12 s late too)
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert set(codes.values()) == {0}, [(t.name, t.returncode, t.tail())
+                                      for t in result.tasks.values()]
+  chief = open(os.path.join(logs, "worker-0.log")).read()
+  assert "worker:3 is lost in epoch" in chief, chief[-3000:]
+  assert chief.count("worker:3, beyond the launch's cluster, listens at") == 2, chief[-3000:]
+  assert "worker:3 rejoined the running job" in open(late_log).read()
+  audit = read_audit(str(tmp_path / "model"))
+  _check_every_unit_once(audit, epochs)
+  assert any(u["worker"] == "worker:3" for u in audit[-1]["units"]), audit[-1]["units"]
