@@ -49,8 +49,10 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
     settings: `EpochSyncSettings` to use instead of the flags and variables (the arguments
       above still override its fields).
     num_workers: `int` expected chief+worker tasks (or --epochsync_num_workers, or
-      EPOCHSYNC_NUM_WORKERS); checked against
-      TF_CONFIG.
+      EPOCHSYNC_NUM_WORKERS); checked against TF_CONFIG; with `max_workers`, the launch's.
+    max_workers: `int` (elastic) the most chief+worker tasks the job may grow to (or
+      --epochsync_max_workers, or EPOCHSYNC_MAX_WORKERS): workers beyond the launch's
+      `num_workers` join the running job (docs/elastic.md).
     in_loop_eval: `bool` the chief evaluates each epoch's checkpoint between its save and the
       release of the workers (always on in local mode; default: on iff `early_stopping`).
     early_stopping: `EarlyStopping` rule (needs in-loop evaluation).
@@ -74,7 +76,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                log_every_secs: Optional[float] = None, elastic: Optional[bool] = None,
                spare_workers: Optional[int] = None, optional_workers: Optional[int] = None,
                settings: Optional[EpochSyncSettings] = None, num_workers: Optional[int] = None,
-               in_loop_eval: Optional[bool] = None,
+               max_workers: Optional[int] = None, in_loop_eval: Optional[bool] = None,
                early_stopping: Optional[EarlyStopping] = None,
                evaluator_timeout_secs: float = 7200.0, **run_config_kwargs):
     problems = run_config_args.rejected_args(run_config_kwargs)
@@ -86,7 +88,7 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
                     step_timeout_secs=step_timeout_secs, warn_after_secs=warn_after_secs,
                     log_every_secs=log_every_secs, elastic=elastic,
                     spare_workers=spare_workers, optional_workers=optional_workers)
-    resolved, flag_num_workers = run_config_args.resolved_settings(settings, explicit, problems)
+    resolved, flag_counts = run_config_args.resolved_settings(settings, explicit, problems)
     resolved = run_config_args.save_period(resolved, run_config_kwargs, problems)
     if early_stopping is not None and not isinstance(early_stopping, EarlyStopping):
       problems.append(f"early_stopping={early_stopping!r} must be an "
@@ -102,14 +104,9 @@ class EpochSyncRunConfig(tf.estimator.RunConfig):
       problems.append(f"evaluator_timeout_secs={evaluator_timeout_secs!r} must be a finite "
                       "number of seconds > 0")
     cluster, task_name, tf_config_model_dir = run_config_args.training_cluster(problems)
-    num_workers = num_workers if num_workers is not None else flag_num_workers
-    if num_workers is not None and task_name is not None:
-      have = cluster.num_workers if cluster else 1
-      if num_workers != have:
-        where = (f"TF_CONFIG lists {have} chief+worker tasks ({', '.join(cluster.worker_names)})"
-                 if cluster else "there is no TF_CONFIG cluster (local mode: 1 task)")
-        problems.append(f"num_workers={num_workers!r} but {where}; set num_workers={have} "
-                        "(EpochSyncRunConfig or --epochsync_num_workers) or fix TF_CONFIG")
+    cluster = run_config_args.counted_cluster(
+        cluster, task_name, num_workers if num_workers is not None else flag_counts[0],
+        max_workers if max_workers is not None else flag_counts[1], problems)
     raise_if_problems(problems, "EpochSyncRunConfig")
     super().__init__(model_dir=model_dir, save_checkpoints_steps=None,
                      save_checkpoints_secs=None, experimental_max_worker_delay_secs=0,

@@ -23,7 +23,7 @@ from hooks.config.cluster import ClusterConfig
 from hooks.config.settings import EpochSyncSettings
 from hooks.errors import ConfigError
 
-__all__ = ["LOCAL_TASK", "rejected_args", "save_period", "resolved_settings",
+__all__ = ["LOCAL_TASK", "rejected_args", "save_period", "resolved_settings", "counted_cluster",
            "training_cluster"]
 
 _SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(EpochSyncSettings))
@@ -89,8 +89,10 @@ def save_period(settings: EpochSyncSettings, kwargs: Dict[str, Any],
 
 
 def resolved_settings(settings: Optional[EpochSyncSettings], explicit: Dict[str, Any],
-                       problems: List[str]) -> Tuple[EpochSyncSettings, Optional[int]]:
-  """(settings, num_workers): arguments > parsed --epochsync_* flags > EPOCHSYNC_* > defaults.
+                       problems: List[str]
+                       ) -> Tuple[EpochSyncSettings, Tuple[Optional[int], Optional[int]]]:
+  """(settings, (num_workers, max_workers)): arguments > parsed --epochsync_* flags >
+  EPOCHSYNC_* > defaults.
 
   An EpochSyncSettings passed as `settings` counts as arguments for all its fields. The flags
   are defined here (hooks.config.flags imported) if the job did not: their parsers read the
@@ -107,8 +109,31 @@ def resolved_settings(settings: Optional[EpochSyncSettings], explicit: Dict[str,
     epochsync_flags.apply_env()  # EPOCHSYNC_NUM_WORKERS, if no flag says otherwise.
   except ConfigError as e:
     problems.append(str(e))
-    return settings or EpochSyncSettings(), None
-  return resolved, absl_flags.FLAGS[epochsync_flags.NUM_WORKERS.name].value
+    return settings or EpochSyncSettings(), (None, None)
+  return resolved, tuple(absl_flags.FLAGS[f.name].value
+                         for f in (epochsync_flags.NUM_WORKERS, epochsync_flags.MAX_WORKERS))
+
+
+def counted_cluster(cluster: Optional[ClusterConfig], task_name: Optional[str],
+                    num_workers: Optional[int], max_workers: Optional[int],
+                    problems: List[str]) -> Optional[ClusterConfig]:
+  """`cluster` checked against `num_workers`, or (a job that may grow) with the launch's
+  `num_workers` and `max_workers` slots (hooks.config.cluster.ClusterConfig)."""
+  if max_workers and cluster is not None:
+    try:
+      return dataclasses.replace(cluster, launch_workers=num_workers or 0,
+                                 max_workers=max_workers)
+    except ConfigError as e:
+      problems.append(str(e))
+      return None
+  if num_workers is not None and task_name is not None:
+    have = cluster.num_workers if cluster else 1
+    if num_workers != have:
+      where = (f"TF_CONFIG lists {have} chief+worker tasks ({', '.join(cluster.worker_names)})"
+               if cluster else "there is no TF_CONFIG cluster (local mode: 1 task)")
+      problems.append(f"num_workers={num_workers!r} but {where}; set num_workers={have} "
+                      "(EpochSyncRunConfig or --epochsync_num_workers) or fix TF_CONFIG")
+  return cluster
 
 
 def training_cluster(problems: List[str]) -> Tuple[Optional[ClusterConfig], Optional[str], bool]:

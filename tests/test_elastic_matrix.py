@@ -9,7 +9,9 @@ killed, relaunched, killed and relaunched again; two killed at once; killed and 
 a spare standing by (a 5th task, --epochsync_spare_workers=1: the spare takes its place, and
 the relaunched process stands by, or the other way round if it asks first); killed while an
 optional worker (a 5th task, --epochsync_optional_workers=1) starts 6 s late and joins the
-running job (it trains units of the last epoch). Every surviving
+running job (it trains units of the last epoch); synchronous, that 5th task is beyond the
+launch's cluster instead (--epochsync_num_workers=4 --epochsync_max_workers=5: only its own
+TF_CONFIG lists it). Every surviving
 task exits 0 and every epoch's audit lists every unit once with all its batches and examples.
 Asynchronous: the global step is the epochs' batches, less at most one per kill (a killed
 worker's batch that passed its gate may not have reached the model; a frozen one loses none).
@@ -84,17 +86,20 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
               f"--epochsync_step_timeout_secs={12 if sync else 6}"]
   if sync and front == "mts":
     command.append(f"--record_steps_dir={tmp_path}")
-  spare = None
+  spare, launch = None, None
   if fault in ("spare", "optional"):  # the last task stands by, or starts late
     spare = "worker:4" if front == "mts" else "worker:3"
     command.append(f"--epochsync_{fault}_workers=1")
+  if fault == "optional" and sync:  # (synchronous) it is beyond the launch's cluster instead
+    launch, command[-1] = 4, "--epochsync_num_workers=4"
+    command.append("--epochsync_max_workers=5")
   print(f"elastic seed {seed} ({front}, {mode}): {fault} {victims}, units {units}, "
         f"{epochs} epochs")
   deadline = time.monotonic() + 360
   kills = 0
   with LocalCluster(num_workers=5 if spare else 4, has_chief=front == "estimator",
-                    timeout_secs=360,
-                    fail_fast_secs=None, log_dir=logs) as cluster:
+                    timeout_secs=360, fail_fast_secs=None, log_dir=logs,
+                    launch_workers=launch) as cluster:
     late = {spare: [f"--start_delay_secs={LATE_SECS}"]} if fault == "optional" else {}
     cluster.start(command, per_task_args={**{v: slow for v in victims}, **late})
     _wait_for(logs, victims[0], re.escape(victims[0]) + r" took unit \d+ .* in epoch 0", deadline)
@@ -143,6 +148,8 @@ def test_the_elastic_kill_matrix(tmp_path, elastic_case):
     assert spare in audit[0].get("optional_workers", []) + audit[0].get("rejoined_workers", []), (
         audit[0])
     assert any(u["worker"] == spare for u in audit[-1]["units"]), audit[-1]["units"]
+    if launch:  # the chief learnt where it listens
+      assert f"{spare}, beyond the launch's cluster, listens at" in _log(logs, chief)
     spare = None  # a member like the others from then on
   if spare:  # one of the two joined; the other stood by to the end and exited 0
     joined = [t for t in (spare, victims[0]) if re.search(

@@ -135,6 +135,19 @@ class TestEpochSyncRunConfig:
       estimator_ext.EpochSyncRunConfig("/shared/run")
     assert estimator_ext.EpochSyncRunConfig("/shared/run", num_workers=3).num_workers == 3
 
+  def test_a_job_that_may_grow_counts_its_slots_and_knows_a_worker_beyond_its_launch(
+      self, monkeypatch, parse):
+    set_tf_config(monkeypatch, "worker", 1)  # the chief and 2 workers listed
+    config = estimator_ext.EpochSyncRunConfig("/shared/run", elastic=True, num_workers=2,
+                                              max_workers=4)
+    assert config.worker_names == ("chief:0", "worker:0", "worker:1", "worker:2")
+    assert config.epochsync_cluster.beyond_launch and config.num_workers == 4
+    parse("--epochsync_num_workers=3", "--epochsync_max_workers=4")
+    assert not estimator_ext.EpochSyncRunConfig(
+        "/shared/run", elastic=True).epochsync_cluster.beyond_launch
+    with pytest.raises(ConfigError, match=r"max_workers=2 is below num_workers=3"):
+      estimator_ext.EpochSyncRunConfig("/shared/run", elastic=True, max_workers=2)
+
   def test_local_mode_has_one_worker(self):
     with pytest.raises(ConfigError, match=r"num_workers=2 but there is no TF_CONFIG cluster "
                                           r"\(local mode: 1 task\); set num_workers=1"):

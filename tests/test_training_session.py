@@ -246,6 +246,15 @@ class TestWiring:
     own = v1.ConfigProto(device_filters=["/job:ps"])
     assert _session(task=WORKER, config=own).session_creator._config is own
 
+  def test_a_worker_beyond_the_launch_brings_its_cluster_in_the_given_config_too(self, recorded):
+    beyond = ClusterConfig(WORKER.cluster, "worker", 1, launch_workers=2, max_workers=3)
+    own = v1.ConfigProto(device_filters=["/job:ps"], inter_op_parallelism_threads=2)
+    config = ts_lib._with_device_filters(own, beyond)  # (the session needs an elastic job)
+    assert config.experimental.share_session_state_in_clusterspec_propagation
+    assert [job.name for job in config.cluster_def.job] == ["ps", "worker"]
+    assert list(config.device_filters) == ["/job:ps"]
+    assert config.inter_op_parallelism_threads == 2 and not own.HasField("cluster_def")
+
   def test_settings_and_cluster_default_to_the_flags_and_tf_config(self, recorded, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", WORKER.to_tf_config())
     monkeypatch.setenv("EPOCHSYNC_STARTUP_TIMEOUT_SECS", "17")

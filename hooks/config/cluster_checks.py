@@ -10,7 +10,8 @@ Typical usage:
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["cluster_problems", "task_problems", "worker_problems", "growth_problems", "is_address", "WHERE", "JOBS"]
+__all__ = ["cluster_problems", "task_problems", "worker_problems", "growth_problems",
+           "is_address", "WHERE", "JOBS"]
 
 CHIEF, WORKER, PS, EVALUATOR, MASTER = "chief", "worker", "ps", "evaluator", "master"
 JOBS = (CHIEF, WORKER, PS, EVALUATOR)  # Canonical order; a "master" job becomes "chief".

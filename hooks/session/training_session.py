@@ -273,6 +273,8 @@ def _with_device_filters(config: Optional[_v1.ConfigProto], cluster: ClusterConf
   the launch's cluster, the cluster its session brings: `ClusterConfig.with_propagated_cluster`)."""
   if config is None:
     return cluster.session_config()
+  if config.device_filters and not cluster.beyond_launch:
+    return config
   out = _v1.ConfigProto()
   out.CopyFrom(config)
   if not config.device_filters:
