@@ -1,5 +1,5 @@
-"""How a worker beyond the launch's cluster could reach its ps tasks: TensorFlow's ClusterSpec
-propagation, pinned (docs/deploy.md, "More workers than the launch's").
+"""How a worker beyond the launch's cluster reaches its ps tasks (--epochsync_max_workers,
+docs/elastic.md, "More workers than the launch's"): TensorFlow's ClusterSpec propagation, pinned.
 
 A ps receives a worker's tensors by calling that worker (RecvTensor), so it must know the
 worker's address. Its cluster is the one it was launched with: a worker that is not in it fails
@@ -11,8 +11,9 @@ own task), and the ps must share the launch's variables with that session
 (`experimental.share_session_state_in_clusterspec_propagation`; without it the session sees
 fresh, empty resource containers).
 
-If one of these tests fails, a TensorFlow release changed the runtime, and deploy.md's design
-must be checked again.
+hooks.config.cluster.ClusterConfig does both for such a worker (`start_server`,
+`session_config`); tests/test_elastic_growth.py runs a whole job that grows. If one of these tests
+fails, a TensorFlow release changed the runtime that growth rests on.
 """
 
 import subprocess
@@ -123,3 +124,40 @@ def test_without_shared_state_the_propagated_session_sees_no_variable(launch):
   assert kind == "NotFoundError", message
   assert "Could not find resource: ps/v" in message
   assert state() == 0.0
+
+
+# A worker beyond the launch whose server booted as the task it is (the old way); its session
+# creator (hooks.session.creators) says how to start it.
+_BOOTED_AS_ITSELF = r"""
+import sys
+import tensorflow as tf
+from hooks.config.cluster import ClusterConfig
+from hooks.session.creators import FastWorkerSessionCreator
+_v1 = tf.compat.v1
+_v1.disable_eager_execution()
+ps, own = sys.argv[1:3]
+config = ClusterConfig({"ps": [ps], "worker": ["unused:1", own]}, "worker", 1,
+                       launch_workers=1, max_workers=2)
+server = tf.distribute.Server(config.cluster_spec(), config.task_type, config.task_index)
+with _v1.device("/job:ps/task:0"):
+  v = _v1.get_variable("v", [], tf.float32, use_resource=True)
+creator = FastWorkerSessionCreator(master=server.target, config=config.session_config(),
+                                   max_wait_secs=30, task_name=config.task_name)
+try:
+  creator.create_session()
+  print("error none: the session was created")
+except Exception as error:  # pylint: disable=broad-except
+  print("error", type(error).__name__, " ".join(str(error).split()), flush=True)
+"""
+
+
+def test_a_worker_beyond_the_launch_booted_as_itself_is_told_to_start_its_server_so(launch):
+  ps, _ = launch
+  own = f"localhost:{portpicker.pick_unused_port()}"
+  result = subprocess.run([sys.executable, "-c", _BOOTED_AS_ITSELF, ps, own],
+                          capture_output=True, text=True, timeout=120, start_new_session=True,
+                          check=False)
+  said, kind, message = result.stdout.strip().splitlines()[-1].split(" ", 2)
+  assert (said, kind) == ("error", "ConfigError"), result.stdout + result.stderr[-3000:]
+  assert "worker:1 is beyond the launch's cluster" in message
+  assert "Start this task's server with config.start_server()" in message

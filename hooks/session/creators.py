@@ -25,7 +25,7 @@ from hooks.faults import liveness as liveness_lib
 from hooks.checkpoint import mid_epoch as mid_epoch_lib
 from hooks.checkpoint import partial_restore as restore_lib
 from hooks.config.cluster import ClusterConfig
-from hooks.errors import EpochSyncError, StartupTimeoutError, TaskDiedError
+from hooks.errors import ConfigError, EpochSyncError, StartupTimeoutError, TaskDiedError
 from hooks.faults.liveness import LivenessMonitor
 from hooks.faults.lost_session import describe_lost_session
 from hooks.faults.restore_beat import restoring_beat, start_up_watch
@@ -35,6 +35,10 @@ __all__ = ["FastWorkerSessionCreator", "EpochSyncChiefSessionCreator", "session_
 
 _v1 = tf.compat.v1
 _RECREATE = "when MonitoredSession tried to re-create its lost session"
+
+
+# TensorFlow's refusal of a propagated cluster that names the task its server booted as.
+_BOOTED_AS_ITSELF = "names the job and task index to be the same names"
 
 
 class _OnceAndAlive:
@@ -131,6 +135,15 @@ class FastWorkerSessionCreator(_v1.train.WorkerSessionCreator, _OnceAndAlive):
           f"session creation timed out after {self._max_wait:g} s on {self._task_name}: the "
           f"model is still not initialised; missing {self._chief_name} (check its log or raise "
           f"--epochsync_startup_timeout_secs)", [self._chief_name]) from e
+    except tf.errors.InvalidArgumentError as e:
+      if _BOOTED_AS_ITSELF not in e.message:
+        raise
+      raise ConfigError(
+          f"{self._task_name} is beyond the launch's cluster (--epochsync_max_workers): its "
+          "session brings its cluster to the ps tasks, and TensorFlow refuses that cluster to "
+          "a server booted as the task it names. Start this task's server with "
+          "config.start_server() (hooks.config.cluster.ClusterConfig), not "
+          "tf.distribute.Server(config.cluster_spec(), ...)") from e
 
   def _death_while_not_ready(self) -> Optional[EpochSyncError]:
     """The TaskDiedError of a chief or ps that died while the model was not ready, the
