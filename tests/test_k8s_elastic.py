@@ -74,3 +74,28 @@ def test_on_failure_restarts_the_killed_worker_alone_and_it_rejoins(tmp_path):
     assert sorted(u["index"] for u in line["units"]) == list(range(len(units))), line
     for u in line["units"]:
       assert u["batches"] == units[u["index"]], u
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_count_raised_on_the_running_job_adds_a_worker_that_joins_it(tmp_path):
+  """Worker's replicas raised from 3 to 4 while the job runs: the operator creates worker:3
+  with a TF_CONFIG of 5 training tasks (the launch's pods keep theirs, of 4), 8 s into the
+  run. Under the manifest's EPOCHSYNC_MAX_WORKERS it joins the running job and trains; no
+  task fails, every unit once. (Steps of 0.3 s: the job's 3 epochs last about 20 s.)"""
+  model_dir, logs = str(tmp_path / "model"), str(tmp_path / "logs")
+  command, env, units = _manifest_job(model_dir)
+  with LocalCluster(num_workers=5, num_ps=2, has_chief=True, timeout_secs=240, log_dir=logs,
+                    env=env, launch_workers=4) as cluster:
+    cluster.start(command + ["--step_sleep_secs=0.3"],
+                  per_task_args={"worker:3": ["--start_delay_secs=8"]})
+    result = cluster.wait()
+  result.check()
+  new = open(os.path.join(logs, "worker-3.log")).read()
+  assert "(this one beyond the launch)" in new and "worker:3 joined epoch" in new, new[-3000:]
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1, 2]
+  assert any(u["worker"] == "worker:3" for u in audit[-1]["units"]), audit[-1]["units"]
+  for line in audit:  # every unit once, whole
+    assert sorted(u["index"] for u in line["units"]) == list(range(len(units))), line
+    for u in line["units"]:
+      assert u["batches"] == units[u["index"]], u

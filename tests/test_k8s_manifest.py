@@ -4,6 +4,7 @@ elastic-tfjob.yaml); the
 CTR job reads what ctr-data.yaml writes; each NetworkPolicy admits its own job's pods only; and
 every manifest uses the restart policy docs/deploy.md and docs/quickstart-k8s.md recommend."""
 
+import copy
 import json
 import os
 import sys
@@ -380,5 +381,25 @@ def test_the_elastic_job_agrees_on_the_cluster_and_turns_elastic_synchronous_tra
   if was_parsed:
     flags.FLAGS(["prog"])
   assert settings.elastic and settings.sync
+  _check_growth(job, envs[0])
   commands = {tuple(_container(s)["command"]) for s in specs.values()}
   assert len(commands) == 1 and any(a.startswith("--unit_batches=") for a in commands.pop())
+
+
+def _check_growth(job, env):
+  """Worker's replicas raised from 3 to 7 on the running job: the pods created then get a
+  TF_CONFIG of 8 training tasks and are beyond the launch; those of the launch are not, and
+  every task counts 8 slots (EPOCHSYNC_NUM_WORKERS=4, EPOCHSYNC_MAX_WORKERS=8)."""
+  grown = copy.deepcopy(job)
+  grown["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = 7
+  launch = operator_tf_configs(job)
+  with flagsaver.flagsaver():
+    was_parsed = flags.FLAGS.is_parsed()
+    if was_parsed:
+      flags.FLAGS.unparse_flags()
+    for (rtype, i), tf_config in {**operator_tf_configs(grown), **launch}.items():
+      config = epochsync_flags.cluster_from_flags(env=dict(env, TF_CONFIG=tf_config))
+      assert config.num_workers == 8 and config.task_name == f"{rtype}:{i}"
+      assert config.beyond_launch == ((rtype, i) not in launch), (rtype, i)
+  if was_parsed:
+    flags.FLAGS(["prog"])
