@@ -41,8 +41,7 @@ def all_tasks(cluster):
 
 
 def test_exports():
-  assert sorted(cluster_lib.__all__) == ["ClusterConfig", "JOINING_JOB", "resolve",
-                                        "worker_problems"]
+  assert sorted(cluster_lib.__all__) == ["ClusterConfig", "resolve", "worker_problems"]
 
 
 class TestWorkerProblems:

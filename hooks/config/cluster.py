@@ -13,6 +13,7 @@ from typing import Any, List, Mapping, Optional, Tuple, Union
 from absl import flags as absl_flags
 
 from hooks import log as logging
+from hooks.config import joining
 from hooks.config.cluster_checks import (CHIEF as _CHIEF, EVALUATOR as _EVALUATOR,
                                          JOBS as _JOBS, MASTER as _MASTER, PS as _PS,
                                          WHERE as _WHERE, WORKER as _WORKER,
@@ -22,9 +23,7 @@ from hooks.config.cluster_checks import (CHIEF as _CHIEF, EVALUATOR as _EVALUATO
                                          worker_problems)
 from hooks.errors import raise_if_problems
 
-__all__ = ["ClusterConfig", "resolve", "worker_problems", "JOINING_JOB"]
-
-JOINING_JOB = "epochsync_joining"  # The job a worker beyond the launch's cluster boots as.
+__all__ = ["ClusterConfig", "resolve", "worker_problems"]
 
 _TF_CONFIG_ENV = "TF_CONFIG"
 _CLUSTER_KEY, _TASK_KEY, _TYPE_KEY, _INDEX_KEY = "cluster", "task", "type", "index"
@@ -215,33 +214,25 @@ class ClusterConfig:
         device_filters=self.device_filters))
 
   def with_propagated_cluster(self, session_config: Any) -> Any:
-    """`session_config` itself, or on a worker beyond the launch with the cluster its session
-    brings: the ps tasks, which know only the launch's workers, serve the session in that
-    cluster (TensorFlow's ClusterSpec propagation) and share the launch's variables with it."""
-    if self.beyond_launch and not session_config.HasField("cluster_def"):
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      propagated = tf.train.ClusterSpec({_PS: list(self.cluster[_PS]), _WORKER: {
-          self.task_index: self.cluster[_WORKER][self.task_index]}})
-      session_config.cluster_def.CopyFrom(propagated.as_cluster_def())
-      session_config.experimental.share_session_state_in_clusterspec_propagation = True
-    return session_config
+    """`session_config` itself, or on a worker beyond the launch with the cluster its sessions
+    bring to the ps tasks, which know only the launch's workers (hooks.config.joining)."""
+    if not self.beyond_launch:
+      return session_config
+    return joining.with_propagated_cluster(session_config, self.cluster[_PS], self.task_index,
+                                           self.cluster[_WORKER][self.task_index])
 
   def start_server(self, config: Any = None, protocol: Optional[str] = None) -> Any:
     """This task's started `tf.distribute.Server`; `config`: a ConfigProto (default: the device
-    filters). A worker beyond the launch boots as job "epochsync_joining" (TensorFlow refuses a
-    propagated cluster naming the task its server booted as); its sessions name it.
+    filters). A worker beyond the launch boots as a joiner (hooks.config.joining).
 
         server = config.start_server()
         session = tf.compat.v1.Session(server.target, config=config.session_config())
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    config = config or tf.compat.v1.ConfigProto(device_filters=self.device_filters)
-    spec, job, index = self.cluster_spec(), self.task_type, self.task_index
-    if self.beyond_launch:
-      spec = tf.train.ClusterSpec({JOINING_JOB: [self.cluster[_WORKER][self.task_index]]})
-      job, index = JOINING_JOB, 0
-    return tf.distribute.Server(spec, job_name=job, task_index=index, config=config,
-                                protocol=protocol)
+    own = self.cluster[_WORKER][self.task_index] if self.beyond_launch else None
+    return joining.start_server(
+        self.cluster_spec(), self.task_type, self.task_index, own,
+        config or tf.compat.v1.ConfigProto(device_filters=self.device_filters), protocol)
 
   def to_tf_config(self, task_type: Optional[str] = None, task_index: Optional[int] = None) -> str:
     """TF_CONFIG JSON for a task of this cluster, e.g. to hand to a launched process.
