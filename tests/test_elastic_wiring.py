@@ -199,6 +199,7 @@ class _Monitor:
   def __init__(self):
     self.down, self.answered = set(), set()
     self.addresses = dict.fromkeys(["chief:0", "worker:0", "worker:1"], "localhost:1")
+    self.given = frozenset(self.addresses)
 
   def probe(self, names):
     self.answered |= {n for n in names if n not in self.down}

@@ -69,6 +69,20 @@ class TestLivenessMonitor:
     assert monitor.dead(["ps:0"]) == [
         ("ps:0", "it restarted (a new process answers at h2:1; the old one's state is lost)")]
 
+  def test_a_learnt_address_is_probed_as_a_new_task_and_the_given_ones_are_kept(self):
+    """(a worker beyond the launch's cluster) The chief learns its address at its join; one
+    learnt again (a relaunched process) forgets the old process's incarnation."""
+    cluster = FakeCluster()
+    cluster.answers.update({"h9:1": Probe("up", 7), "h8:1": Probe("up", 8)})
+    monitor = cluster.monitor()
+    readers_copy = monitor.addresses
+    monitor.learn_address("worker:3", "h9:1")
+    assert monitor.dead(["worker:3"]) == [] and cluster.probed[-1] == "h9:1"
+    assert "worker:3" not in readers_copy  # replaced, not changed: a reader's view holds
+    monitor.learn_address("worker:3", "h8:1")  # its relaunch, elsewhere: a first answer
+    assert monitor.dead(["worker:3"]) == [] and cluster.probed[-1] == "h8:1"
+    assert monitor.given == frozenset(ADDRESSES)
+
   def test_a_busy_task_is_not_dead(self):
     cluster = FakeCluster()
     monitor = cluster.monitor()

@@ -98,7 +98,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     self._num_epochs = num_epochs
     self._rejoined: set = set()  # probed as known up: a rejoined process that is down is lost
     self._addresses = addresses  # (a job that may grow) and the workers it gives no address:
-    self._unaddressed = frozenset(self._names) - set(monitor.addresses)
+    self._unaddressed = frozenset(self._names) - monitor.given
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
 

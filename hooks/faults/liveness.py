@@ -67,6 +67,7 @@ class LivenessMonitor:
                probe: Optional[Callable[[str, float], Probe]] = None,
                clock: Callable[[], float] = time.monotonic):
     self.addresses = dict(addresses)
+    self.given = frozenset(self.addresses)  # the tasks the cluster gave an address (not learnt)
     self.task_name = task_name
     self.period_secs = period_secs
     self._probe = probe or _GrpcProbe().probe
