@@ -50,7 +50,8 @@ def _check_every_unit_once(audit, epochs):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+@pytest.mark.parametrize("sync", [  # (asynchronous joins: test_elastic_optional's)
+    pytest.param(False, marks=pytest.mark.variant), True], ids=["async", "sync"])
 def test_a_worker_beyond_the_launch_joins_the_running_job_and_trains(tmp_path, sync):
   logs, epochs = str(tmp_path / "logs"), 6
   with LocalCluster(num_workers=4, launch_workers=3, timeout_secs=240, log_dir=logs) as cluster:

@@ -41,7 +41,8 @@ def _command(tmp_path, sync: bool, epochs: int):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+@pytest.mark.parametrize("sync", [  # (synchronous joins: test_elastic_growth's)
+    False, pytest.param(True, marks=pytest.mark.variant)], ids=["async", "sync"])
 def test_an_optional_worker_up_late_joins_the_running_job_and_trains(tmp_path, sync):
   logs, epochs = str(tmp_path / "logs"), 6
   with LocalCluster(num_workers=4, timeout_secs=240, log_dir=logs) as cluster:
