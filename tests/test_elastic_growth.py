@@ -126,6 +126,7 @@ def test_a_worker_beyond_the_launch_that_is_lost_rejoins_at_the_address_it_write
     kill_inside_a_unit_of(cluster, late_log, UNITS, deadline, range(1, epochs - 4),
                           victim="worker:3", min_batches=4)
     while cluster.results()["worker:3"].returncode is None:  # the killed process is reaped
+      assert time.monotonic() < deadline, "the killed worker:3 was not reaped"
       time.sleep(0.05)
     cluster.restart_task("worker:3")  # (its relaunch starts 12 s late too)
     result = cluster.wait()

@@ -99,6 +99,7 @@ def test_an_optional_worker_that_joined_is_lost_and_rejoins_like_any_other(tmp_p
     kill_inside_a_unit_of(cluster, late_log, UNITS, deadline, range(1, epochs - 4),
                           victim="worker:3", min_batches=4)
     while cluster.results()["worker:3"].returncode is None:  # the killed process is reaped
+      assert time.monotonic() < deadline, "the killed worker:3 was not reaped"
       time.sleep(0.05)
     cluster.restart_task("worker:3")  # (its relaunch starts 12 s late too)
     result = cluster.wait()
