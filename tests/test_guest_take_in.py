@@ -7,6 +7,7 @@ import types
 import pytest
 
 from hooks.elastic.rejoin import GuestTakeInHook, Rejoin
+from hooks.epoch.barrier_release import ReleaseWait
 from hooks.errors import StartupTimeoutError
 from hooks.workqueue.elastic_graph import JOINED, NOT_FENCED
 
@@ -41,7 +42,7 @@ class _Barrier:
     self.epochs, self.rejoined, self.started = list(epochs), [], list(started)
     self.release_wait = types.SimpleNamespace(
         arrived_at_end=lambda session, epoch: False, rejoined_at=self._rejoined_at,
-        others_arrived_at_start=lambda session, epoch: (
+        epoch_under_way=lambda session, epoch: (
             self.started.pop(0) if len(self.started) > 1 else self.started[0]))
 
   def _rejoined_at(self, epoch, held):
@@ -106,7 +107,7 @@ def test_an_asynchronous_worker_arrives_itself_from_its_join_on():
   _hook(rejoin).after_create_session(None, None)  # nothing to take in
 
 
-def test_a_worker_joins_an_epoch_only_once_the_others_arrived_at_its_start():
+def test_a_worker_joins_an_epoch_only_once_it_is_under_way():
   """Before that it would train the epoch while the chief still waits at its start for a late
   worker of the launch, and arrive at its end out of turn (the chief refuses that)."""
   barrier, writes = _Barrier(started=(False, None, True)), []
@@ -117,3 +118,28 @@ def test_a_worker_joins_an_epoch_only_once_the_others_arrived_at_its_start():
   assert "epoch 2 has not started" in rejoin("s")  # (the ps did not answer: asked again)
   assert writes == [] and rejoin.joined is None
   assert rejoin("s") is None and rejoin.joined == (2, 0) and writes == ["s"]
+
+
+@pytest.mark.parametrize("epoch, arrived, under_way", [
+    # the run starts at epoch 0: the chief and worker:1 at its start, worker:2 late, and the
+    # chief has not arrived there for worker:3 yet (the race a grown job's test found)
+    (0, [0, 0, -1, -1], False),
+    (0, [0, 0, 0, -1], False),   # every other worker there, not the chief for worker:3 yet
+    (0, [0, 0, 0, 0], True),     # every arrival at the start is in
+    (0, [1, 0, 1, 0], True),     # the epoch's end is being gathered
+    (3, [5, 5, 5, 5], True),     # a later epoch: every worker passed the end of epoch 2
+    (3, [7, 5, 7, 5], True),
+    (3, [6, -1, 6, 6], False),   # a run resumed at epoch 3: worker:1 not at its start yet
+    (3, [6, 6, 6, 6], True),
+    (3, [6, 6, 6, None], False)])  # (None: the ps did not answer)
+def test_an_epoch_is_under_way_once_every_arrival_at_its_start_or_the_end_before_is_in(
+    epoch, arrived, under_way):
+  names = ["worker:0", "worker:1", "worker:2", "worker:3"]
+
+  def missing(session, seq):
+    if None in arrived:
+      return None
+    return [n for n, s in zip(names, arrived) if s < seq]
+
+  wait = ReleaseWait("worker:3", "worker:0", None, None, lambda *a: True, missing)
+  assert wait.epoch_under_way(None, epoch) == under_way

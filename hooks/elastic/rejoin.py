@@ -88,7 +88,7 @@ class Rejoin:
     if self._barrier.release_wait.arrived_at_end(session, running):
       return (f"the end of epoch {running} already counts an arrival for it (its earlier "
               "process's, or the chief's for it); it joins when that epoch ends")
-    if not self._barrier.release_wait.others_arrived_at_start(session, running):
+    if not self._barrier.release_wait.epoch_under_way(session, running):
       return (f"epoch {running} has not started: its start barrier waits for workers of the "
               "job's launch; it joins once they are all there")
     if self._announce is not None:

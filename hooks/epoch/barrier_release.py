@@ -62,13 +62,17 @@ class ReleaseWait:
     missing = self._missing(session, 2 * epoch + 1)
     return missing is None or self._task not in missing
 
-  def others_arrived_at_start(self, session, epoch: int) -> bool:
-    """Whether every other worker arrived at `epoch`'s start barrier, if the chief arrived for
-    this one there (the run started at `epoch`, and the launch's workers may still be on their
-    way: a worker that joined now would arrive at the epoch's end before the start is released).
-    True if it was not (the run started earlier); False if the ps did not answer."""
-    missing = self._missing(session, 2 * epoch)
-    return missing is not None and (self._task in missing or not missing)
+  def epoch_under_way(self, session, epoch: int) -> bool:
+    """Whether `epoch` is under way: every worker arrived at its start barrier (the chief for
+    those not up, this one included), or, past epoch 0, at the previous epoch's end (the run
+    started earlier; each run's start resets the arrivals to -1). A worker that joined the
+    run's first epoch before every arrival at its start would train it and arrive at its end
+    while the chief still gathers the start. False if the ps did not answer."""
+    at_start = self._missing(session, 2 * epoch)
+    if not at_start or epoch == 0:
+      return at_start is not None and not at_start
+    before = self._missing(session, 2 * epoch - 1)
+    return before is not None and not before
 
   def arrive(self, session, wait: Wait, arrive_and_wait, feed_dict, next_release) -> None:
     """One run enqueues the arrival and dequeues the release; returns once released."""
