@@ -61,6 +61,40 @@ def test_a_synchronous_job_without_its_sync_optimizer_is_refused(graph):
     epoch_sync_hooks(CHIEF, _queue_input(_settings(sync=True)), _settings(sync=True))
 
 
+def _queue_built_with(elastic, sync=False, num_workers=2):
+  units = [WorkUnit("", 0, 4), WorkUnit("", 4, 8)]
+  return work_queue_input(units, lambda u: tf.data.Dataset.range(4).batch(2), num_epochs=1,
+                          num_workers=num_workers, worker_id=0, task_name="chief:0",
+                          ps_device="", settings=EpochSyncSettings(
+                              num_epochs=1, sync=sync, elastic=elastic, save_checkpoint_secs=0))
+
+
+@pytest.mark.parametrize("queue_elastic", [False, True])
+def test_a_queue_built_without_the_hooks_elastic_setting_is_refused(graph, queue_elastic):
+  """A queue built without settings= (the flags' default: not elastic) beside elastic hooks
+  has no reclaim: the chief's first loss would fail every task. Refused before any session."""
+  hooks_settings = EpochSyncSettings(num_epochs=1, sync=False, elastic=not queue_elastic,
+                                     save_checkpoint_secs=0)
+  with pytest.raises(ConfigError, match=(
+      rf"built with elastic={queue_elastic}, the hooks have --epochsync_elastic="
+      rf"{str(not queue_elastic).lower()}: pass the same settings to work_queue_input")):
+    epoch_sync_hooks(CHIEF, _queue_built_with(elastic=queue_elastic), hooks_settings)
+
+
+def test_an_elastic_queue_built_for_the_other_kind_of_training_is_refused(graph):
+  epoch_input = _queue_built_with(elastic=True, sync=False)
+  with pytest.raises(ConfigError, match=r"elastic work queue was built with sync=False, the "
+                                        r"hooks have --epochsync_sync=true"):
+    epoch_sync_hooks(CHIEF, epoch_input, _settings(sync=True), sync_hook=_sync_hook(epoch_input))
+
+
+def test_a_queue_built_for_another_worker_count_is_refused(graph):
+  with pytest.raises(ConfigError, match=r"built for num_workers=3, the hooks' cluster has 2 "
+                                        r"\(give work_queue_input num_workers=config.num_workers"):
+    epoch_sync_hooks(CHIEF, _queue_built_with(elastic=False, num_workers=3),
+                     EpochSyncSettings(num_epochs=1, save_checkpoint_secs=0))
+
+
 def test_a_synchronous_elastic_job_wires_idle_steps_and_the_lost_marker(graph):
   settings = _settings(sync=True)
   epoch_input = _queue_input(settings)

@@ -193,6 +193,29 @@ def test_switch_off_again_the_stock_estimator_job_goes_on(switched_on):
   assert _names(final) == MODEL  # the stock job saves only its own variables
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_a_relaunch_with_more_workers_goes_on_from_the_epoch_checkpoint(switched_on):
+  """The job of 2 training tasks relaunched with 3 (shards re-cut by the new count) trains
+  epoch 2: epoch counting goes on, the per-worker state is resized, oracle exact."""
+  run = switched_on
+  model_dir = str(run.root / "more")
+  shutil.copytree(run.model_dir, model_dir)
+  shards = (2, 1, 3)
+  result = _run_cluster(str(run.root / "logs-more"),
+                        [f"--model_dir={model_dir}", "--shard_batches=2,1,3",
+                         "--epochsync_num_epochs=3"], num_workers=len(shards))
+  audit = read_audit(model_dir)
+  assert [(line["epoch"], len(line["workers"])) for line in audit] == [(0, 2), (1, 2), (2, 3)]
+  assert audit[-1]["global_step"] == run.audit[-1]["global_step"] + max(shards)
+  _assert_params(audit[-1]["checkpoint"], _lockstep(_params(run.audit[-1]["checkpoint"]),
+                                                    shards, 1),
+                 "after epoch 2 on 3 workers != lockstep SGD from epoch 1's parameters")
+  assert list(_load(audit[-1]["checkpoint"], "epochsync/done_epochs")) == [3, 3, 3]
+  assert "has shape [2] there and [3] here" in result.tasks["chief:0"].log
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_export_saved_model_holds_no_epochsync_state_and_serves_the_checkpoint(switched_on):

@@ -61,20 +61,25 @@ def test_estimator_work_units_are_trained_once_and_equal_the_oracle(tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_estimator_work_units_resume_a_mid_epoch_checkpoint_exactly(tmp_path):
-  """A worker killed after a mid-epoch save of epoch 1; the relaunch finishes the units in
-  flight from the step the checkpoint holds: every batch once, equal to the recorded steps."""
+@pytest.mark.parametrize("workers_after", [pytest.param(3, marks=pytest.mark.variant), 2],
+                         ids=["same-workers", "fewer-workers"])
+def test_estimator_work_units_resume_a_mid_epoch_checkpoint_exactly(tmp_path, workers_after):
+  """A worker killed after a mid-epoch save of epoch 1; the relaunch (3 training tasks as
+  before, or 2) finishes the units in flight from the step the checkpoint holds: every batch
+  once, equal to the recorded steps."""
   from examples import estimator_data  # pylint: disable=g-import-not-at-top
   model_dir = str(tmp_path / "model")
   command = TASK + [f"--model_dir={model_dir}", "--epochsync_num_epochs=2",
                     "--unit_batches=" + ",".join(map(str, UNITS)),
                     "--epochsync_save_checkpoint_secs=0", "--epochsync_save_checkpoint_steps=2"]
-  cluster_args = dict(num_workers=3, num_ps=1, has_chief=True, timeout_secs=180)
-  with LocalCluster(log_dir=str(tmp_path / "logs1"), fail_fast_secs=30, **cluster_args) as first:
+  cluster_args = dict(num_ps=1, has_chief=True, timeout_secs=180)
+  with LocalCluster(num_workers=3, log_dir=str(tmp_path / "logs1"), fail_fast_secs=30,
+                    **cluster_args) as first:
     first.start(command + ["--step_sleep_secs=0.15"])
     kill_after_a_mid_epoch_save(first, model_dir, 1, "worker:0")
     first.wait()
-  with LocalCluster(log_dir=str(tmp_path / "logs2"), **cluster_args) as second:
+  with LocalCluster(num_workers=workers_after, log_dir=str(tmp_path / "logs2"),
+                    **cluster_args) as second:
     second.start(command)
     second.wait().check()
   audit = read_audit(model_dir)

@@ -224,7 +224,6 @@ K8S = os.path.dirname(MANIFEST)
 CTR_MANIFEST = os.path.join(K8S, "ctr-tfjob.yaml")
 ELASTIC_MANIFEST = os.path.join(K8S, "elastic-tfjob.yaml")
 CTR_DATA = os.path.join(K8S, "ctr-data.yaml")
-CTR_POLICY = os.path.join(K8S, "ctr-networkpolicy.yaml")
 DOCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs")
 
 
@@ -342,17 +341,45 @@ def test_the_ctr_commands_are_valid_flags_of_the_example():
   assert parsed == {"num_epochs": 3, "startup": 900, "barrier": 1800}
 
 
-def test_the_ctr_network_policy_admits_the_jobs_pods_only():
-  job, policy = _load(CTR_MANIFEST), _policy(CTR_POLICY)
-  namespace = job["metadata"]["namespace"]
-  pods = [operator_pod_labels(job, rtype, i)
-          for rtype, spec in job["spec"]["tfReplicaSpecs"].items()
-          for i in range(spec.get("replicas", 1))]
-  assert all(_selects(policy["spec"]["podSelector"], labels) for labels in pods)
-  for src in pods:
-    assert admits(policy, pods[0], namespace, src, namespace, 2222)
-  other = dict(pods[0], **{"training.kubeflow.org/job-name": "epochsync-example"})
-  assert not admits(policy, pods[0], namespace, other, namespace, 2222)
+def _k8s_documents():
+  """{file name: its YAML document} of every manifest in examples/k8s."""
+  found = {}
+  for name in sorted(os.listdir(K8S)):
+    if name.endswith(".yaml"):
+      found[name] = _load(os.path.join(K8S, name))
+  return found
+
+
+def _tfjobs():
+  return {name: doc for name, doc in _k8s_documents().items() if doc["kind"] == "TFJob"}
+
+
+def test_every_tfjob_has_its_own_network_policy_and_its_apply_line_names_it():
+  """Each TFJob's pods (also a Worker count raised 4 past the manifest's, an elastic job's
+  growth) admit its own pods on its training port, and no pod of another job; the manifest's
+  `kubectl apply` line applies that policy with it."""
+  documents = _k8s_documents()
+  policies = {n: d for n, d in documents.items() if d["kind"] == "NetworkPolicy"}
+  jobs = _tfjobs()
+  assert set(jobs) == {"tfjob.yaml", "ctr-tfjob.yaml", "elastic-tfjob.yaml"}  # found them all
+  for name, job in jobs.items():
+    namespace, specs = job["metadata"]["namespace"], job["spec"]["tfReplicaSpecs"]
+    pods = [operator_pod_labels(job, rtype, i) for rtype, spec in specs.items()
+            for i in range(spec.get("replicas", 1) + (4 if rtype == "Worker" else 0))]
+    mine = [p for p, policy in policies.items()
+            if all(_selects(policy["spec"]["podSelector"], labels) for labels in pods)]
+    assert len(mine) == 1, (name, mine)
+    policy, ports = policies[mine[0]], {_port(spec) for spec in specs.values()}
+    assert len(ports) == 1, (name, ports)
+    port = ports.pop()
+    for src in pods:
+      assert admits(policy, pods[0], namespace, src, namespace, port), (name, src)
+    for other in {j["metadata"]["name"] for j in jobs.values()} - {job["metadata"]["name"]}:
+      stranger = dict(pods[0], **{"training.kubeflow.org/job-name": other})
+      assert not admits(policy, pods[0], namespace, stranger, namespace, port), (name, other)
+    with open(os.path.join(K8S, name)) as f:
+      applies = re.findall(r"kubectl apply((?: -f \S+)+)", f.read())
+    assert f"-f examples/k8s/{mine[0]} -f examples/k8s/{name}" in applies[0], (name, applies)
 
 
 def test_every_test_the_quick_start_names_exists():

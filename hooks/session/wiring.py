@@ -27,6 +27,7 @@ from hooks.epoch.summaries import EpochSummaryHook
 from hooks.checkpoint.mid_epoch import MidEpochSaveHook
 from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
 from hooks.checkpoint.mid_epoch_resume import MidEpochResume
+from hooks.checkpoint.state_saver import StateSaverHook
 from hooks.checkpoint.unit_resume import UnitResumeHook
 from hooks.epoch.progress import EpochProgressHook
 from hooks.faults.recovery_guard import RecoveryGuardHook
@@ -100,7 +101,7 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
       startup_timeout_secs=settings.startup_timeout_secs,
       warn_after_secs=settings.warn_after_secs, log_every_secs=settings.log_every_secs,
       audit_dir=model_dir, liveness=monitor)
-  queue = _wire_work_queue(config, epoch_input, monitor, barrier)
+  queue = _wire_work_queue(config, epoch_input, monitor, barrier, settings)
   on_lost = None
   if settings.elastic:  # Only the chief acts on a lost worker; no task waits for another worker.
     _check_elastic(queue, settings, sync_hook)
@@ -138,6 +139,8 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
                             startup_timeout_secs=settings.startup_timeout_secs, needed=needed,
                             stuck_step=_stuck_step_watchdog(config, settings, sync_hook))
   hooks: List[tf.compat.v1.train.SessionRunHook] = [guard]
+  if config.is_chief:  # The Scaffold's saver restores another worker count's state fresh.
+    hooks.append(StateSaverHook(model_dir))
   if config.is_chief and model_dir:  # Before the run starts: the workers then read its state.
     hooks.append(MidEpochRestoreHook(model_dir, config.num_workers))
     if queue is not None:
@@ -182,15 +185,46 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
 
 
 def _wire_work_queue(config: ClusterConfig, epoch_input: EpochInput, monitor: Any,
-                     barrier: EpochBarrierHook) -> Optional[UnitPasses]:
+                     barrier: EpochBarrierHook,
+                     settings: EpochSyncSettings) -> Optional[UnitPasses]:
   """A work queue's claims name a dead ps:0 at once; the chief checks and audits its epoch.
-  None: a static shard."""
+  None: a static shard.
+
+  Raises:
+    ConfigError: the queue was built for other settings or another worker count than these
+      hooks, naming each difference.
+  """
   queue = work_queue_of(epoch_input)
   if queue is not None:
+    _check_queue_agrees(queue, config, settings)
     queue.claims.liveness = monitor
   if config.is_chief:
     audit_work_queue(epoch_input, barrier, config.worker_names)
   return queue
+
+
+def _check_queue_agrees(queue: UnitPasses, config: ClusterConfig,
+                        settings: EpochSyncSettings) -> None:
+  """The queue's graph (its gate, its reclaim, the synchronous step's markers) is what its
+  settings built; hooks wired for other settings would act on a queue without them."""
+  built = queue.built
+  if built is None:
+    return
+  problems = []
+  if built.num_workers != config.num_workers:
+    problems.append(f"the work queue was built for num_workers={built.num_workers}, the hooks' "
+                    f"cluster has {config.num_workers} (give work_queue_input "
+                    "num_workers=config.num_workers)")
+  if built.elastic != bool(settings.elastic):
+    problems.append(f"the work queue was built with elastic={built.elastic}, the hooks have "
+                    f"--epochsync_elastic={str(bool(settings.elastic)).lower()}")
+  elif settings.elastic and built.sync != bool(settings.sync):
+    problems.append(f"the elastic work queue was built with sync={built.sync}, the hooks have "
+                    f"--epochsync_sync={str(bool(settings.sync)).lower()}")
+  if problems:
+    raise ConfigError(f"{config.task_name}: " + "; ".join(problems) + ": pass the same settings "
+                      "to work_queue_input(settings=...) and to the hooks (epoch_sync_hooks, "
+                      "hooks.monitored_training_session), or leave both to the flags")
 
 
 def _grows(config: ClusterConfig) -> bool:

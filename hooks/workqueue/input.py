@@ -26,7 +26,7 @@ from hooks.errors import ConfigError, raise_if_problems
 from hooks.workqueue import elastic_graph, queue_graph
 from hooks.workqueue.claims import UnitClaims
 from hooks.workqueue.replay import UnitReplay
-from hooks.workqueue.unit_passes import UnitPasses
+from hooks.workqueue.unit_passes import QueueBuild, UnitPasses
 from hooks.workqueue.units import UnitTensors, WorkUnit, fingerprint, unit_problems
 
 __all__ = ["work_queue_input", "WorkQueueSpec", "PS_DEVICE"]
@@ -95,7 +95,8 @@ class WorkQueueSpec:
       elastic_graph.register(ops)
     claims = UnitClaims(ops, worker_id, task_name, timeout)
     passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality,
-                        self.replay, gate_batches=gate_batches)
+                        self.replay, gate_batches=gate_batches,
+                        built=QueueBuild(num_workers, settings.elastic, settings.sync))
     return EpochInput(dataset, num_epochs, task_name, passes=passes)
 
 

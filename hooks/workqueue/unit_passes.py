@@ -9,6 +9,7 @@ Typical usage (hooks.workqueue.work_queue_input builds it):
   epoch_input = EpochInput(dataset, num_epochs, task_name, passes=passes)
 """
 
+import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -22,7 +23,16 @@ from hooks.workqueue.queue_graph import ANY, NONE
 from hooks.workqueue.replay import UnitReplay
 from hooks.workqueue.units import WorkUnit
 
-__all__ = ["UnitPasses", "work_queue_of"]
+__all__ = ["UnitPasses", "QueueBuild", "work_queue_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueBuild:
+  """What a queue's graph was built for: the hooks' settings and cluster must agree with it
+  (`hooks.session.wiring` refuses a mismatch before the first step)."""
+  num_workers: int
+  elastic: bool
+  sync: bool
 
 
 class UnitPasses(PassSource):
@@ -33,8 +43,10 @@ class UnitPasses(PassSource):
   def __init__(self, claims: UnitClaims, unit_feed: Any, units: Sequence[WorkUnit],
                task_name: str, records_are_examples: bool = True,
                cardinality: Optional[Tuple[Any, Any]] = None,
-               replay: Optional[UnitReplay] = None, gate_batches: bool = True):
+               replay: Optional[UnitReplay] = None, gate_batches: bool = True,
+               built: Optional[QueueBuild] = None):
     self._gate_batches = gate_batches  # (elastic) False: a synchronous step's marker is gated
+    self.built = built  # What the queue's graph was built for (None: not said).
     self.claims, self._feed, self.units, self.task_name = claims, unit_feed, units, task_name
     self._replay, self._replayed = replay, None  # The units this worker takes this epoch.
     self.records_are_examples = records_are_examples

@@ -6,6 +6,7 @@ sessions (the design card's "pass hooks to MonitoredTrainingSession"), plus faul
   --save_sleep_secs=3   the chief's epoch save sleeps first (a kill lands "during a save")
   --wait_for_chief      a worker creates its session only once the chief has one, so it does not
                         lose TensorFlow's 30 s readiness poll (off: it waits in that poll)
+  --unit_batches=9,1,4  examples.train's work queue instead of static shards
   epoch_task.py's --step_sleep_secs, --slowdown and --chief_init_delay_secs work here too.
 
 It prints `point: <what>` lines a test can kill at: `point: begin` (the hooks' begin(), before
@@ -80,8 +81,13 @@ def main(argv):
   with _v1.device(_v1.train.replica_device_setter(worker_device=config.job_device,
                                                   cluster=config.cluster_spec())):
     global_step = _v1.train.get_or_create_global_step()
-    dataset = train.shard_dataset(model, config.worker_id, shard[config.worker_id], 8, features)
-    epoch_input = EpochInput(dataset, settings.num_epochs, config.task_name)
+    if flags.FLAGS.unit_batches:  # examples.train's work queue
+      epoch_input = train.unit_input(model, config, settings,
+                                     [int(n) for n in flags.FLAGS.unit_batches])
+    else:
+      dataset = train.shard_dataset(model, config.worker_id, shard[config.worker_id], 8,
+                                    features)
+      epoch_input = EpochInput(dataset, settings.num_epochs, config.task_name)
     x, y = epoch_input.get_next()
     loss = train.model_loss(model, x, y, features, config.num_ps)
     opt = WorkerDoneSyncReplicasOptimizer(_v1.train.GradientDescentOptimizer(0.05),
