@@ -163,7 +163,7 @@ def _local_hooks(config: EpochSyncRunConfig, epoch_input: EpochInput, model_dir:
   secs, steps = settings.save_checkpoint_secs, settings.save_checkpoint_steps
   queue = audit_work_queue(epoch_input, barrier, names)
   mid_epoch = bool(secs or steps)
-  resume = [UnitResumeHook(queue, model_dir, barrier, names)] if queue and model_dir else []
+  resume = [UnitResumeHook(epoch_input, model_dir, barrier, names)] if queue and model_dir else []
   hooks = resume + [WorkerDoneHook(epoch_input, 1, 0, names, ps_device=""), barrier,
            MidEpochResume(epoch_input, 1, 0, names, count_applied=mid_epoch, ps_device=""),
            ChiefSaveAfterBarrierHook(barrier, model_dir, listeners=listeners)]

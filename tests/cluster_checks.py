@@ -118,6 +118,24 @@ def kill_after_a_mid_epoch_save(cluster, model_dir: str, epoch: int, victim: str
   cluster.kill_task(victim)
 
 
+def assert_workers_count_every_attempt(line: dict, units: Sequence[int], batch: int) -> None:
+  """A work queue's audit `line` (units of `units` batches, `batch` examples each): `workers`
+  counts across attempts: each worker's batches are its units' (after their resumed_after)
+  plus its parts of the units in flight at the resume, and they sum to the epoch; the
+  examples sum to the dataset."""
+  expected = {}
+  for u in line["units"]:
+    mine = u["batches"] - u.get("resumed_after", 0)
+    expected[u["worker"]] = expected.get(u["worker"], 0) + mine
+  for part in line.get("unit_parts", []):
+    expected[part["worker"]] = expected.get(part["worker"], 0) + part["to"] - part["from"]
+  workers = line["workers"]
+  assert {w: s["batches"] for w, s in workers.items() if s["batches"]} == {
+      w: b for w, b in expected.items() if b}, (line["epoch"], workers, expected)
+  assert sum(s["batches"] for s in workers.values()) == sum(units), workers
+  assert sum(s["examples"] for s in workers.values()) == sum(units) * batch, workers
+
+
 def unit_steps(audit_line: dict, total_batches: int, batch_of) -> list:
   """A synchronous work-queue epoch's steps, rebuilt from its audit line: batch k of a unit went
   into step first_batch + k of the worker that trained it. Before a resume: the units done and

@@ -91,3 +91,38 @@ class TestEpochAudit:
     EpochAudit(str(tmp_path)).write(2, {"chief:0": _stats(2, 1, 1, 4.0, 5.0)}, 6.0, {}, 3)
     assert [(l["epoch"], l["attempt"]) for l in read_audit(str(tmp_path))] == [
         (0, 1), (1, 1), (2, 2)]
+
+
+def test_a_resumed_queue_epoch_counts_every_attempt_and_lists_workers_it_lacks(tmp_path):
+  """`trained_across_attempts` (a work queue's resume) replaces the arrivals' counts, and a
+  worker only an earlier attempt had gets a line of its own, without times."""
+  audit = EpochAudit(str(tmp_path))
+  arrivals = {"worker:0": EpochStats(1, 5, 40, 1.0, 2.0), "worker:1": EpochStats(1, 3, 24, 1.0,
+                                                                                 2.5)}
+  across = {"worker:0": {"batches": 7, "examples": 56}, "worker:1": {"batches": 3, "examples": 24},
+            "worker:2": {"batches": 4, "examples": 32}}
+  record = audit.write(1, arrivals, 3.0, {"trained_across_attempts": across}, global_step=14)
+  assert "trained_across_attempts" not in record
+  workers = read_audit(str(tmp_path))[0]["workers"]
+  assert {w: (s["batches"], s["examples"]) for w, s in workers.items()} == {
+      "worker:0": (7, 56), "worker:1": (3, 24), "worker:2": (4, 32)}
+  assert workers["worker:2"]["arrived_at"] is None and workers["worker:2"]["attempt"] is None
+  assert workers["worker:1"]["arrived_at"] == 2.5
+
+
+def test_earlier_attempts_of_a_resumed_queue_epoch():
+  """Units done before the resume count for their owner (less their skip), parts of units
+  in flight for who trained them; an owner id past this job's workers is an earlier worker."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hooks.workqueue.audit import earlier_attempts, worker_name  # pylint: disable=g-import-not-at-top
+  state = {"order": np.array([2, 0, 1]), "resumed_next": 2, "owner": np.array([3, -1, 0]),
+           "batches": np.array([4, -1, 6]), "examples": np.array([30, -1, 48]),
+           "skip": np.array([1, 0, 2])}
+  parts = [{"index": 2, "worker": "worker:1", "from": 0, "to": 2, "examples": 16},
+           {"index": 0, "worker": "worker:3", "from": 0, "to": 1, "examples": 6}]
+  assert earlier_attempts(state, parts, ["worker:0", "worker:1", "worker:2"]) == {
+      "worker:1": [2, 16], "worker:3": [1 + 4 - 1, 6 + 30 - 6], "worker:0": [6 - 2, 48 - 16]}
+  assert worker_name(["chief:0", "worker:0"], 3) == "worker:2"
+  assert worker_name(["worker:0", "worker:1"], 3) == "worker:3"
+  state["skip"] = np.array([1, 0, 3])  # unit 2's skip is not its recorded parts: examples unknown
+  assert earlier_attempts(state, parts, ["worker:0"])["worker:0"] == [6 - 3, None]

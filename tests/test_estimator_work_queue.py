@@ -11,7 +11,8 @@ import pytest
 from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import checkpoint_value, kill_after_a_mid_epoch_save, steps_sgd, unit_steps
+from cluster_checks import (assert_workers_count_every_attempt, checkpoint_value,
+                            kill_after_a_mid_epoch_save, steps_sgd, unit_steps)
 
 pytestmark = [pytest.mark.cluster]
 
@@ -91,6 +92,7 @@ def test_estimator_work_units_resume_a_mid_epoch_checkpoint_exactly(tmp_path, wo
   params, steps = {"w": np.zeros(estimator_data.FEATURES), "b": np.zeros(())}, 0
   for line in audit:
     assert all(u["batches"] == UNITS[u["index"]] for u in line["units"]), line["units"]
+    assert_workers_count_every_attempt(line, UNITS, batch)
     epoch_steps = unit_steps(line, sum(UNITS), lambda i, k: (x[row(i, k):row(i, k) + batch],
                                                              y[row(i, k):row(i, k) + batch]))
     params = steps_sgd(params, epoch_steps, oracle.linear_mse_gradients, 0.05)

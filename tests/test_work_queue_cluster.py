@@ -17,8 +17,8 @@ from examples import train
 from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
-from cluster_checks import (checkpoint_value, kill_after_a_mid_epoch_save, steps_sgd,
-                            unit_steps, wait_for_epochs)
+from cluster_checks import (assert_workers_count_every_attempt, checkpoint_value,
+                            kill_after_a_mid_epoch_save, steps_sgd, unit_steps, wait_for_epochs)
 
 pytestmark = [pytest.mark.cluster]
 
@@ -200,7 +200,9 @@ def _resumed_run(tmp_path, sync, workers_after, units=UNITS, save_steps=2, epoch
     assert sorted(u["index"] for u in line["units"]) == list(range(len(units))), line["units"]
     for u in line["units"]:
       assert u["batches"] == units[u["index"]] and u["examples"] == units[u["index"]] * BATCH, u
-  assert len(audit[1]["workers"]) == workers_after
+  for line in audit:
+    assert_workers_count_every_attempt(line, units, BATCH)
+  assert {f"worker:{i}" for i in range(workers_after)} <= set(audit[1]["workers"])
   return model_dir, audit
 
 

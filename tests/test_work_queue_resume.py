@@ -157,18 +157,17 @@ def _checkpoint_with_a_queue(model_dir, units):
                global_step=3)
 
 
-def _resume_with(model_dir, units):
+def _resume_with(model_dir, units, unit_fn=lambda unit: tf.data.Dataset.range(2).batch(1)):
   """UnitResumeHook of a job over `units`, after its session restored the checkpoint."""
   from hooks.checkpoint import mid_epoch  # pylint: disable=g-import-not-at-top
   from hooks.checkpoint.unit_resume import UnitResumeHook  # pylint: disable=g-import-not-at-top
   from hooks.workqueue.input import work_queue_input  # pylint: disable=g-import-not-at-top
   graph = tf.Graph()
   with graph.as_default():
-    epoch_input = work_queue_input(units, lambda unit: tf.data.Dataset.range(2).batch(1), 1, 2,
-                                   0, "worker:0", ps_device="")
+    epoch_input = work_queue_input(units, unit_fn, 1, 2, 0, "worker:0", ps_device="")
     mid_epoch.state(2, "")
     _v1.train.create_global_step()
-    hook = UnitResumeHook(epoch_input.passes, model_dir, _Barrier(), ["worker:0", "worker:1"])
+    hook = UnitResumeHook(epoch_input, model_dir, _Barrier(), ["worker:0", "worker:1"])
     restore = _v1.train.Saver(var_list=[v for v in _v1.global_variables()
                                         if v.op.name == "epochsync/workqueue/state"])
     init = _v1.global_variables_initializer()
@@ -207,3 +206,20 @@ def test_units_done_at_an_earlier_resume_stay_done_whatever_the_counts_now():
   assert queue.take(1, at=0) == (1, 1)  # unit 1 after its batch the model holds
   plan = plan_resume(queue.vector(), queue.ops.layout, {0: 0, 1: 1}.get)
   assert plan.done == [0] and plan.in_flight == {1: 2}
+
+
+def test_a_unit_the_model_holds_whole_is_done_at_the_resume_though_its_end_was_not_recorded(
+    tmp_path):
+  """The save came between the unit's last step and its owner's next claim: where tf.data
+  knows the unit's batch count (a range batched), the unit is done, not handed out again."""
+  units = [WorkUnit("", 0, 24), WorkUnit("", 24, 48), WorkUnit("", 48, 72)]
+  model_dir = str(tmp_path)
+  _checkpoint_with_a_queue(model_dir, units)  # unit 0: the model holds 3 of its batches
+  whole = _resume_with(model_dir, units, lambda unit: tf.data.Dataset.range(
+      unit.start, unit.start + unit.count).batch(8))  # 3 batches: all held
+  assert whole.plan.done == [0] and whole.plan.in_flight == {}
+  parts = queue_graph.Layout(len(units)).parts(whole.plan.state)
+  assert int(parts["batches"][0]) == 3 and int(parts["examples"][0]) == 24
+  partial = _resume_with(model_dir, units, lambda unit: tf.data.Dataset.range(
+      unit.start, unit.start + unit.count).batch(4))  # 6 batches: 3 held
+  assert partial.plan.done == [] and partial.plan.in_flight == {0: 3}

@@ -13,7 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from cluster_checks import checkpoint_value, kill_after_a_mid_epoch_save, steps_sgd, unit_steps
+from cluster_checks import (assert_workers_count_every_attempt, checkpoint_value,
+                            kill_after_a_mid_epoch_save, steps_sgd, unit_steps)
 from examples import train
 from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
@@ -42,6 +43,7 @@ def _assert_queue_exact(audit):
   those of the steps each audit line records (both attempts of the resumed epoch)."""
   params, steps = {"w": np.zeros(FEATURES), "b": np.zeros(())}, 0
   for line in audit:
+    assert_workers_count_every_attempt(line, UNITS, BATCH)
     assert sorted(u["index"] for u in line["units"]) == list(range(len(UNITS))), line["units"]
     for u in line["units"]:
       assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
@@ -86,6 +88,9 @@ def test_tensorflows_own_session_resumes_a_queue_with_another_worker_count(tmp_p
   starts fresh instead of failing `Assign requires shapes of both tensors to match`."""
   audit = _queue_relaunch(tmp_path, STOCK_TASK, before, after)
   _assert_queue_exact(audit)
+  resumed = audit[1]["workers"]
+  assert set(resumed) >= {f"worker:{i}" for i in range(after)}, resumed
+  assert len(resumed) <= max(before, after), resumed
 
 
 def _static_batches(shards):

@@ -7,16 +7,24 @@ units the model holds whole stay done, those it holds in part are handed out aga
 batches it holds, the others from their start. The positions come from the checkpoint file
 itself (the saved step S, or each worker's applied batches), so a job resumes the checkpoint
 with another number of workers too. Units that changed since the save (their fingerprint) are
-refused before any step.
+refused before any step. A unit the model holds whole whose end was not recorded yet (the save
+came between its last step and its owner's next claim) is done, where tf.data knows its batch
+count without reading it (a record range); else it is handed out again, its reader skipping
+every batch of it.
+
+The epoch's audit line then counts every attempt: each worker's batches and examples are those
+of this attempt plus what it trained before the resumes (the units done then, and its parts of
+the units in flight: `unit_parts`, whose examples the chief counts at the resume), and a worker
+of an earlier attempt that this one lacks (a relaunch with fewer workers) is listed too.
 
 Typical usage (hooks.session.wiring puts it on the chief, after the MidEpochRestoreHook):
-  resume = UnitResumeHook(queue, model_dir, barrier, worker_names)
+  resume = UnitResumeHook(epoch_input, model_dir, barrier, worker_names)
   hooks = [guard, MidEpochRestoreHook(model_dir, n), resume, run_start, ...]
 """
 
 import json
 import os
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -27,10 +35,10 @@ from hooks.checkpoint import mid_epoch
 from hooks.checkpoint.mid_epoch import EPOCH, MID_EPOCH_DIR, STEPS
 from hooks.errors import ConfigError
 from hooks.faults.waiting import run_options, run_uncancelled
-from hooks.workqueue.audit import worker_name
+from hooks.workqueue.audit import earlier_attempts, worker_name
 from hooks.workqueue.layout import fingerprint_value, units_of_size
 from hooks.workqueue.resume_plan import plan_resume
-from hooks.workqueue.unit_passes import UnitPasses
+from hooks.workqueue.unit_passes import work_queue_of
 from hooks.workqueue.units import fingerprint
 
 __all__ = ["UnitResumeHook"]
@@ -45,7 +53,7 @@ class UnitResumeHook(_v1.train.SessionRunHook):
   """The chief: hands out again what a restored mid-epoch checkpoint's queue holds in part.
 
   Args:
-    queue: the chief's `UnitPasses` (`hooks.workqueue.work_queue_of(epoch_input)`).
+    epoch_input: the chief's `EpochInput` over a work queue (`hooks.workqueue.work_queue_input`).
     checkpoint_dir: the model_dir.
     barrier: the chief's `EpochBarrierHook`: its audit line gets the units' parts trained before
       each resume of the epoch (`unit_parts`).
@@ -56,9 +64,10 @@ class UnitResumeHook(_v1.train.SessionRunHook):
       other units; the message says what to do.
   """
 
-  def __init__(self, queue: UnitPasses, checkpoint_dir: str, barrier: Any,
+  def __init__(self, epoch_input: Any, checkpoint_dir: str, barrier: Any,
                worker_names: Sequence[str]):
-    self._queue, self._dir, self._names = queue, checkpoint_dir, list(worker_names)
+    self._input, self._queue = epoch_input, work_queue_of(epoch_input)
+    self._dir, self._names = checkpoint_dir, list(worker_names)
     self.plan = None  # The ResumePlan written, if any.
     barrier.add_chief_action(self._audit_fields)
 
@@ -80,32 +89,64 @@ class UnitResumeHook(_v1.train.SessionRunHook):
       position_of = lambda owner: steps
     else:  # Asynchronous (or elastic synchronous): each owner's batches of this epoch.
       position_of = lambda owner: _applied(applied, owner, position[EPOCH])
-    self.plan = plan_resume(saved, ops.layout, position_of, resumed_step=max(steps, 0))
-    self._record(position[EPOCH], parts)
+    plan = plan_resume(saved, ops.layout, position_of, resumed_step=max(steps, 0))
+    finished = self._finished(session, plan.in_flight)
+    self.plan = plan_resume(saved, ops.layout, position_of, resumed_step=max(steps, 0),
+                            finished=finished) if finished else plan
+    self._record(session, position[EPOCH], parts)
     run_uncancelled(session, ops.assign, {ops.new_vector: self.plan.state}, _TIMEOUT_SECS)
     logging.info("the work queue resumes epoch %d from %s: %s", position[EPOCH], path,
                  self.plan.describe())
 
-  def _record(self, epoch: int, saved) -> None:
-    """Appends who trained which batches of the units in flight (the queue forgets it)."""
+  def _finished(self, session, in_flight: Dict[int, int]) -> Dict[int, Tuple[int, int]]:
+    """The units in flight whose every batch the model holds: unit -> (batches, examples)."""
+    finished = {}
+    for unit, held in sorted(in_flight.items()):
+      if self._queue.batches_of(session, unit) == held:
+        finished[unit] = (held, self._examples(session, unit, held))
+    return finished
+
+  def _examples(self, session, unit: int, batches: int) -> int:
+    return self._input.count_examples(session, self._queue.feeds_of(unit), batches)
+
+  def _record(self, session, epoch: int, saved) -> None:
+    """Appends who trained which batches of the units in flight, and their examples (the
+    queue forgets it): a read of each such unit up to the batches the model holds."""
     parts = [{"index": unit, "worker": worker_name(self._names, int(saved["owner"][unit])),
               "first_batch": int(saved["first_batch"][unit]),
-              "from": int(saved["skip"][unit]), "to": held}
+              "from": int(saved["skip"][unit]), "to": held,
+              "examples": (self._examples(session, unit, held) -
+                           self._examples(session, unit, int(saved["skip"][unit])))}
              for unit, held in sorted(self.plan.in_flight.items())]
     with open(os.path.join(mid_epoch.mid_epoch_dir(self._dir), RESUMED_UNITS), "a") as f:
       f.write(json.dumps({"epoch": epoch, "parts": parts}) + "\n")
 
   def _audit_fields(self, session, epoch: int, arrivals) -> Dict[str, object]:
-    """The audit line's `unit_parts`: the batches of units in flight at each resume of the
-    epoch, by the worker that trained them (batch k of a unit: its worker's batch
-    first_batch + k, for k in [from, to))."""
-    del session, arrivals
+    """For a resumed epoch: `unit_parts`, the batches of units in flight at each resume, by the
+    worker that trained them (batch k of a unit: its worker's batch first_batch + k, for k in
+    [from, to)); and `trained_across_attempts`, each worker's batches and examples of the whole
+    epoch (hooks.epoch.audit puts them in `workers`)."""
     path = os.path.join(mid_epoch.mid_epoch_dir(self._dir), RESUMED_UNITS)
     if not tf.io.gfile.exists(path):
       return {}
     with open(path) as f:
-      parts = [p for line in map(json.loads, f) if line["epoch"] == epoch for p in line["parts"]]
-    return {"unit_parts": parts} if parts else {}
+      resumes = [line["parts"] for line in map(json.loads, f) if line["epoch"] == epoch]
+    if not resumes:
+      return {}
+    parts = [p for resume in resumes for p in resume]
+    state = session.run(self._queue.claims.state, options=run_options(_TIMEOUT_SECS))
+    trained = earlier_attempts(state, parts, self._names)
+    offset = int(state["resumed_step"])  # Where each worker's batch count started.
+    for name, stats in arrivals.items():
+      counts = trained.setdefault(name, [0, 0])
+      counts[0] += stats.batches - offset
+      known = counts[1] is not None and stats.examples is not None and stats.examples >= 0
+      counts[1] = counts[1] + stats.examples if known else None  # (elastic: a lost worker's)
+    fields: Dict[str, object] = {"trained_across_attempts": {
+        name: {"batches": b, "examples": e} for name, (b, e) in sorted(trained.items())}}
+    if parts:
+      fields["unit_parts"] = parts
+    return fields
 
   def _read(self, path: str, size: int):
     names = dict(tf.train.list_variables(path))

@@ -161,8 +161,7 @@ class EpochDriverHook(_v1.train.SessionRunHook):
     if not skip:
       return 0
     start = time.monotonic()
-    examples = int(session.run(self._input._skipped_examples,
-                               {self._input._skip: skip, **feeds}))
+    examples = self._input.count_examples(session, feeds, skip)
     logging.info("%s: the %d batches of epoch %d trained before the resume hold %d examples "
                  "(counted in %.2f s)", self._input.task_name, skip, self._epoch,
                  examples, time.monotonic() - start)

@@ -16,7 +16,7 @@ Typical usage:
     while not sess.should_stop(): sess.run(train_op)
 """
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -130,6 +130,14 @@ class EpochInput:
     the first epoch only: `tf.cond(tf.equal(epoch_input.epoch_tensor, 0), count, no_count)`.
     """
     return self._epoch_tensor
+
+  def count_examples(self, session, feeds: Dict[Any, Any], batches: int) -> int:
+    """The examples of the first `batches` batches of the pass `feeds` select (a work queue's
+    unit; {} for the static shard): a read over them, e.g. of batches an earlier attempt
+    trained."""
+    if not batches:
+      return 0
+    return int(session.run(self._skipped_examples, {self._skip: batches, **feeds}))
 
   def add_listener(self, listener: EpochListener) -> None:
     """Registers a hook to be called at session start and at every epoch boundary."""

@@ -47,6 +47,9 @@ class EpochAudit:
   def write(self, epoch: int, arrivals: Mapping[str, object], released_at: float,
             fields: Mapping[str, object], global_step: Optional[int]) -> Dict[str, object]:
     """Appends the line for `epoch`; `arrivals` maps task name -> EpochStats."""
+    fields = dict(fields)
+    # (a work queue's resumed epoch) every attempt's counts, also of workers this one lacks
+    across = fields.pop("trained_across_attempts", {})
     workers = {
         name: {"batches": s.batches, "examples": s.examples, "started_at": s.started_at,
                "arrived_at": s.ended_at, "barrier_wait_secs": round(released_at - s.ended_at, 4)}
@@ -55,6 +58,10 @@ class EpochAudit:
               "attempt": self.attempt, "workers": workers, **fields}
     for stats in workers.values():  # Whose times these are (the whole epoch's counts).
       stats["attempt"] = record["attempt"]
+    for name, counts in sorted(across.items()):
+      workers.setdefault(name, {"started_at": None, "arrived_at": None,
+                                "barrier_wait_secs": None, "attempt": None}).update(counts)
+    record["workers"] = dict(sorted(workers.items()))
     lost = set(fields.get("lost_workers", ()))  # Elastic: the chief arrived for them,
     spares = set(fields.get("spare_workers", ()))  # and for the spares standing by,
     optional = set(fields.get("optional_workers", ()))  # or the optional ones not joined yet.
@@ -66,7 +73,8 @@ class EpochAudit:
     os.makedirs(self._directory, exist_ok=True)
     with open(self.path, "a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
-    slowest = max((w for w in workers if w not in lost | spares | optional),
+    slowest = max((w for w in workers if w not in lost | spares | optional and
+                   workers[w]["arrived_at"] is not None),
                   key=lambda w: workers[w]["arrived_at"])
     attempts = record.get("attempts", [record["attempt"]])
     resumed = "" if len(attempts) < 2 else (

@@ -144,7 +144,7 @@ def epoch_sync_hooks(config: ClusterConfig, epoch_input: EpochInput,
   if config.is_chief and model_dir:  # Before the run starts: the workers then read its state.
     hooks.append(MidEpochRestoreHook(model_dir, config.num_workers))
     if queue is not None:
-      hooks.append(UnitResumeHook(queue, model_dir, barrier, config.worker_names))
+      hooks.append(UnitResumeHook(epoch_input, model_dir, barrier, config.worker_names))
   hooks.append(start)
   if isinstance(sync_hook, AggregationGroup):  # Several sync optimizers (e.g. wide & deep).
     hooks += sync_hook.hooks

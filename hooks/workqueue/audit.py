@@ -18,7 +18,7 @@ from hooks.errors import WorkQueueError
 from hooks.faults.waiting import run_options
 from hooks.workqueue.unit_passes import UnitPasses, work_queue_of
 
-__all__ = ["UnitAudit", "audit_work_queue", "worker_name"]
+__all__ = ["UnitAudit", "audit_work_queue", "worker_name", "earlier_attempts"]
 
 _READ_TIMEOUT_SECS = 60.0
 
@@ -96,7 +96,41 @@ def worker_name(names: Sequence[str], owner: int) -> Optional[str]:
   ran with more workers before a resume."""
   if owner < 0:
     return None
-  return names[owner] if owner < len(names) else f"worker:{owner}"
+  if owner < len(names):
+    return names[owner]
+  chief_job = bool(names) and names[0].startswith("chief:")  # worker:i has id i + 1 there
+  return f"worker:{owner - 1 if chief_job else owner}"
+
+
+def earlier_attempts(state: Dict[str, Any], parts: Sequence[Dict[str, Any]],
+                     names: Sequence[str]) -> Dict[str, List[Optional[int]]]:
+  """What each worker trained of a resumed epoch before its last resume: {name: [batches,
+  examples]} from the queue's `state` (the units done before the resume: their owner trained
+  all but their skip) and the resumes' `parts` of units then in flight (each with its batches
+  [from, to) and their `examples`). Examples are None where a skip is not made of recorded
+  parts (a unit an elastic chief took back in an earlier attempt)."""
+  earlier: Dict[str, List[Optional[int]]] = {}
+
+  def add(name: str, batches: int, examples: Optional[int]) -> None:
+    counts = earlier.setdefault(name, [0, 0])
+    counts[0] += batches
+    counts[1] = None if counts[1] is None or examples is None else counts[1] + examples
+
+  skipped: Dict[int, List[int]] = {}  # unit -> [batches, examples] of its recorded parts
+  for part in parts:
+    batches, examples = part["to"] - part["from"], part.get("examples")
+    add(part["worker"], batches, examples)
+    done = skipped.setdefault(part["index"], [0, 0])
+    done[0] += batches
+    done[1] = None if done[1] is None or examples is None else done[1] + examples
+  for index in state["order"][:int(state["resumed_next"])]:
+    index = int(index)
+    skip = int(state["skip"][index])
+    batches, examples = skipped.get(index, [0, 0])
+    known = batches == skip and examples is not None
+    add(worker_name(names, int(state["owner"][index])), int(state["batches"][index]) - skip,
+        int(state["examples"][index]) - examples if known else None)
+  return earlier
 
 
 def audit_work_queue(epoch_input: Any, barrier: Any, worker_names: Sequence[str]

@@ -19,7 +19,7 @@ Typical usage (hooks.checkpoint.unit_resume, on the chief, before the run starts
 """
 
 import dataclasses
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -43,11 +43,19 @@ class ResumePlan:
 
 
 def plan_resume(vector, layout: Layout, position_of: Callable[[int], int],
-                resumed_step: int = 0) -> ResumePlan:
+                resumed_step: int = 0,
+                finished: Optional[Mapping[int, Tuple[int, int]]] = None) -> ResumePlan:
   """The resumed state of a queue saved as `vector`; `position_of(owner)` is the owner's batch
   count the model holds (synchronous: the saved step S for every owner); `resumed_step`: where
-  every worker's batch count starts after the resume (synchronous: S; asynchronous: 0)."""
+  every worker's batch count starts after the resume (synchronous: S; asynchronous: 0);
+  `finished`: unit -> (its batches, its examples) for units in flight whose every batch the
+  model holds though their end was not recorded yet (the save came between the unit's last
+  step and its owner's next claim): they are done."""
   old = layout.parts(np.asarray(vector, np.int64))
+  old["batches"], old["examples"] = old["batches"].copy(), old["examples"].copy()
+  for unit, (batches, examples) in (finished or {}).items():
+    if int(old["batches"][unit]) < 0:
+      old["batches"][unit], old["examples"][unit] = batches, examples
   handed, resumed = int(old["next"]), int(old["resumed_next"])
   done, in_flight, rest = [], {}, []
   for position, unit in enumerate(int(u) for u in old["order"]):

@@ -87,6 +87,19 @@ class UnitPasses(PassSource):
                                          self._wanted()), epoch)
     return None if claim.unit < 0 else PassStart({self._feed: claim.unit}, claim.skip)
 
+  def feeds_of(self, unit: int) -> Dict[Any, int]:
+    """The feeds that select `unit`'s pass (e.g. for EpochInput.count_examples)."""
+    return {self._feed: unit}
+
+  def batches_of(self, session, unit: int) -> Optional[int]:
+    """How many batches `unit_fn` gives `unit`, where tf.data knows without reading (a record
+    range batched); None where it does not (a file's records are counted by reading it)."""
+    if self._cardinality is None:
+      return None
+    feed, cardinality = self._cardinality
+    count = int(session.run(cardinality, {feed: unit}))
+    return count if count >= 0 else None
+
   def _wanted(self) -> int:
     """ANY, or in a replayed epoch the next unit this worker trained then (NONE after its
     last)."""
