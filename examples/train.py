@@ -30,6 +30,7 @@ from hooks.config import cluster as cluster_lib
 from hooks.config import flags as epochsync_flags
 from hooks.data.epoch_input import EpochInput
 from hooks.errors import SyncTimeoutError
+from hooks.sync.elastic_apply import ElasticOptimizer
 from hooks.sync.optimizer import WorkerDoneSyncReplicasOptimizer
 from hooks.session.training_session import monitored_training_session
 from hooks.workqueue import UnitReplay, WorkUnit, work_queue_input
@@ -197,6 +198,8 @@ def train(extra_hooks: Callable[[cluster_lib.ClusterConfig, EpochInput], List] =
     loss = model_loss(_MODEL.value, x, y, _FEATURES.value, config.num_ps)
     _v1.summary.scalar("loss", loss)
     optimizer = _v1.train.GradientDescentOptimizer(_LEARNING_RATE.value)
+    if not settings.sync and settings.elastic:  # each batch counts once it is applied
+      optimizer = ElasticOptimizer(optimizer)
     if settings.sync:  # --epochsync_sync (default): one update per step from all active workers
       optimizer = WorkerDoneSyncReplicasOptimizer(
           optimizer, config.num_workers, config.worker_id, worker_names=config.worker_names,

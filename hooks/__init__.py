@@ -36,6 +36,7 @@ _EXPORTS = {
     "MidEpochResume": "hooks.checkpoint.mid_epoch_resume",
     "MidEpochRestoreHook": "hooks.checkpoint.mid_epoch_restore",
     "WorkerDoneSyncReplicasOptimizer": "hooks.sync.optimizer",
+    "ElasticOptimizer": "hooks.sync.elastic_apply",
     "SafeSyncTokensHook": "hooks.sync.tokens",
     "AggregationGroup": "hooks.sync.aggregation_group",
     "epoch_sync_hooks": "hooks.session.wiring",

@@ -202,3 +202,50 @@ def test_an_estimator_job_goes_on_without_a_killed_worker_and_trains_every_unit_
   if not sync:  # (synchronous: a step holds several batches; the oracle tests are MTS jobs')
     step = int(tf.train.load_variable(tf.train.latest_checkpoint(model_dir), "global_step"))
     assert epochs * sum(UNITS) - 1 <= step <= epochs * sum(UNITS), step
+
+
+FROZEN_STEP_TASK = [sys.executable, os.path.join(os.path.dirname(__file__), "tasks",
+                                                 "frozen_step_task.py")]
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_frozen_inside_a_step_puts_nothing_of_it_in_a_later_epoch(tmp_path):
+  """worker:1 SIGSTOPped inside its 5th step, its batch taken and its gradients not yet sent;
+  the chief finds it lost and takes its unit back; epoch 0 ends without it, then it wakes. Its
+  step applies nothing (hooks.ElasticOptimizer: it was fenced before its apply took the lock),
+  so each epoch's checkpoint holds exactly that epoch's batches. (With the plain optimizer the
+  batch counted at its gate in epoch 0 and its update landed in epoch 1: 45 and 92 steps.)"""
+  model_dir, logs = str(tmp_path / "model"), str(tmp_path / "logs")
+  command = FROZEN_STEP_TASK + [
+      f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
+      "--epochsync_num_epochs=3", "--epochsync_sync=false", "--epochsync_elastic",
+      "--epochsync_step_timeout_secs=6", "--epochsync_save_checkpoint_secs=0",
+      "--pause_worker=1", "--pause_step=5", "--pause_secs=4"]
+  with LocalCluster(num_workers=3, timeout_secs=180, fail_fast_secs=None,
+                    log_dir=logs) as cluster:
+    cluster.start(command)
+    wait_for(os.path.join(logs, "worker-1.log"), "point: inside step 5", time.monotonic() + 90)
+    cluster.kill_task("worker:1", signal.SIGSTOP)
+    wait_for(os.path.join(logs, "worker-0.log"), r"worker:1 is lost in epoch 0",
+             time.monotonic() + 60)
+    deadline = time.monotonic() + 60
+    while not read_audit(model_dir) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    cluster.kill_task("worker:1", signal.SIGCONT)  # epoch 0 is saved; it wakes in its step
+    result = cluster.wait()
+  codes = {name: r.returncode for name, r in result.tasks.items()}
+  assert codes["worker:0"] == 0 and codes["worker:2"] == 0, [
+      (t.name, t.returncode, t.tail()) for t in result.tasks.values()]
+  woken = open(os.path.join(logs, "worker-1.log")).read()
+  assert codes["worker:1"] != 0 and "WorkerFencedError: worker:1 was found lost" in woken, (
+      codes, woken[-3000:])
+  audit = read_audit(model_dir)
+  assert [line["epoch"] for line in audit] == [0, 1, 2]
+  for line in audit:
+    assert line["global_step"] == (line["epoch"] + 1) * sum(UNITS), (
+        line["epoch"], line["global_step"])
+    assert int(tf.train.load_variable(line["checkpoint"], "global_step")) == line["global_step"]
+    for u in line["units"]:
+      assert u["batches"] == UNITS[u["index"]] and u["examples"] == UNITS[u["index"]] * BATCH, u
+  lost = [u for u in audit[0]["units"] if u.get("taken_back")]
+  assert [p["worker"] for u in lost for p in u["taken_back"]] == ["worker:1"], audit[0]["units"]

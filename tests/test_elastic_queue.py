@@ -13,6 +13,8 @@ from hooks.errors import FENCED_MARK, WorkerFencedError, WorkQueueError
 from hooks.workqueue import queue_graph
 from hooks.workqueue.audit import UnitAudit
 from hooks.workqueue.claims import UnitClaims
+
+_v1 = tf.compat.v1
 from hooks.workqueue.unit_passes import UnitPasses
 from hooks.workqueue.units import WorkUnit
 from local_queue import LocalQueue
@@ -248,3 +250,91 @@ def test_a_unit_two_workers_were_lost_in_is_audited_with_both_parts_in_their_ord
   assert line["units"][1]["resumed_after"] == 5
   with pytest.raises(WorkQueueError, match="worker:2 trained 4 batches"):
     audit(queue.session, 0, dict(arrivals, **{"worker:2": stats(4)}))
+
+
+def _elastic_async_worker(worker_id=1, num_workers=2, learning_rate=0.5):
+  """An asynchronous elastic worker's graph in one process: the work queue input (2 units of
+  4 batches of 1), w * x with an ElasticOptimizer, and the chief's fence/drain/reclaim."""
+  from hooks.config.settings import EpochSyncSettings  # pylint: disable=g-import-not-at-top
+  from hooks.sync.elastic_apply import ElasticOptimizer  # pylint: disable=g-import-not-at-top
+  from hooks.workqueue import WorkUnit, work_queue_input  # pylint: disable=g-import-not-at-top
+  from hooks.workqueue import elastic_graph  # pylint: disable=g-import-not-at-top
+  graph = tf.Graph()
+  with graph.as_default():
+    settings = EpochSyncSettings(num_epochs=1, sync=False, elastic=True, save_checkpoint_secs=0)
+    units = [WorkUnit("", 0, 4), WorkUnit("", 4, 8)]
+    epoch_input = work_queue_input(
+        units, lambda u: tf.data.Dataset.range(u.start, u.start + u.count).batch(1),
+        num_epochs=1, num_workers=num_workers, worker_id=worker_id,
+        task_name=f"worker:{worker_id}", ps_device="", settings=settings)
+    x = tf.cast(tf.reshape(tf.compat.v1.placeholder_with_default(
+        tf.constant([1], tf.int64), [1]), []), tf.float32)
+    w = _v1.get_variable("w", [], initializer=_v1.zeros_initializer(), use_resource=False)
+    step = _v1.train.get_or_create_global_step()
+    train_op = ElasticOptimizer(_v1.train.GradientDescentOptimizer(learning_rate)).minimize(
+        -w * x, global_step=step)
+    ops = epoch_input.passes.claims.ops
+    drain = elastic_graph.drain(ops, worker_id)
+    init = [_v1.global_variables_initializer(), _v1.local_variables_initializer()]
+  session = _v1.Session(graph=graph)
+  session.run(init)
+  return graph, session, epoch_input, train_op, ops, drain, (w, step)
+
+
+def test_an_elastic_optimizer_counts_a_batch_with_its_apply_and_a_fenced_step_applies_nothing():
+  """The apply in the worker's lock: a member's step applies and counts; after the chief's
+  fence and drain, a step (a frozen worker woken) is refused before any variable changes."""
+  graph, session, epoch_input, train_op, ops, drain, (w, step) = _elastic_async_worker()
+  claims = epoch_input.passes.claims
+  assert claims.claim(session, epoch=0, at_batch=0).unit >= 0
+  for _ in range(3):
+    session.run(train_op)
+  assert session.run([w, step]) == [1.5, 3]
+  assert int(session.run(ops.gated)[1]) == 3  # counted with each apply
+  reclaim = ops.reclaim
+  session.run(reclaim.fence, {reclaim.worker: 1})
+  assert int(session.run(drain)) == 3
+  with pytest.raises(tf.errors.InvalidArgumentError, match=FENCED_MARK):
+    session.run(train_op)
+  assert session.run([w, step]) == [1.5, 3] and int(session.run(ops.gated)[1]) == 3
+  unit, skip, _, held = (int(v) for v in session.run(reclaim.result, {reclaim.epoch: 0,
+                                                                     reclaim.worker: 1}))
+  assert unit >= 0 and skip == 3 and held == 3
+  del graph
+
+
+def test_a_stale_process_of_a_slot_another_process_joined_applies_nothing():
+  """The slot's member is the process that joined it (its token); an earlier process of the
+  same worker woken after that join is refused, though the slot is no longer fenced."""
+  graph, session, epoch_input, train_op, ops, _, (w, _) = _elastic_async_worker()
+  epoch_input.passes.claims.claim(session, epoch=0, at_batch=0)
+  session.run(ops.reclaim.result, {ops.reclaim.epoch: 0, ops.reclaim.worker: 1})
+  membership = ops.membership
+  answer, _ = session.run(membership.join, {membership.epoch: 0, membership.worker: 1,
+                                            membership.token: 12345, membership.spares: 0})
+  assert int(answer) == 1  # JOINED by another process (token 12345); this one's identity is 0
+  with pytest.raises(tf.errors.InvalidArgumentError, match=FENCED_MARK):
+    session.run(train_op)
+  assert session.run(w) == 0.0
+  with graph.as_default():
+    become = epoch_input.passes.claims.identity.assign(12345)
+  session.run(become)  # the joined process itself
+  session.run(train_op)
+  assert session.run(w) == 0.5
+
+
+def test_a_new_run_makes_every_slot_the_runs_own_process_again():
+  graph, session, _, train_op, ops, _, (w, _) = _elastic_async_worker()
+  membership = ops.membership
+  session.run(ops.reclaim.result, {ops.reclaim.epoch: 0, ops.reclaim.worker: 1})
+  session.run(membership.join, {membership.epoch: 0, membership.worker: 1,
+                                membership.token: 99, membership.spares: 0})
+  session.run(graph.get_collection(graph_keys.RESET_OPS))
+  session.run(train_op)  # identity 0 is the member again
+  assert session.run(w) == 0.5
+
+
+def test_the_batch_gate_is_off_when_the_step_applies_in_the_workers_lock():
+  _, _, epoch_input, _, _, _, _ = _elastic_async_worker()
+  feeds = epoch_input.passes.step_feeds()
+  assert list(feeds.values()) == [False]

@@ -41,6 +41,7 @@ class EpochDriverHook(_v1.train.SessionRunHook):
     self._epoch = 0
     self._finished = False
     self._batches = self._examples = self._skip = self._skipped = self._skipped_examples = 0
+    self._step_feeds = None  # (begin) the passes' feeds of every step that takes a batch
     self._pass_batches = self._pass_examples = 0
     self._started_at = 0.0
     self.history: List[EpochStats] = []
@@ -76,6 +77,7 @@ class EpochDriverHook(_v1.train.SessionRunHook):
       self._start_and_preload = self._input._lookahead.start(start_ops)
     with tf.name_scope("epochsync_input/next_pass"):  # A pass after the epoch's first one.
       self._start_pass = self._input._lookahead.start([self._input._iterator.initializer])
+    self._step_feeds = self._input.passes.step_feeds() or None  # (the graph is built now)
     name = self._input.task_name
     hooks = preflight.hooks_of_calling_session(self)
     if hooks is None:
@@ -193,7 +195,8 @@ class EpochDriverHook(_v1.train.SessionRunHook):
     if self._consumes_input(run_context.original_args.fetches):
       fetches = self._input._lookahead.step_fetches
       ops = self._input._step_ops
-      return _v1.train.SessionRunArgs({**fetches, "step_ops": ops} if ops else fetches)
+      return _v1.train.SessionRunArgs({**fetches, "step_ops": ops} if ops else fetches,
+                                      feed_dict=self._step_feeds)
     return None
 
   def after_run(self, run_context, run_values):

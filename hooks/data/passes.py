@@ -54,6 +54,11 @@ class PassSource:
     del after
     return None
 
+  def step_feeds(self) -> Dict[Any, Any]:
+    """Feeds of every step that takes a batch, known once the graph is built (here: none). An
+    elastic queue's turn its batch gate off where the step applies in the worker's own lock."""
+    return {}
+
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     """The epoch's first pass (it runs with the epoch's start ops; it may be empty).
     `epoch_batches`: the worker's position in the epoch (a resumed synchronous epoch: S)."""

@@ -34,6 +34,7 @@ from hooks import log as logging
 from hooks.faults import step_retry
 from hooks.faults.liveness import PERIOD_SECS, LivenessMonitor
 from hooks.faults.waiting import run_uncancelled
+from hooks.workqueue import elastic_graph
 from hooks.workqueue.queue_graph import FENCE_MARK
 from hooks.workqueue.unit_passes import UnitPasses
 
@@ -107,6 +108,8 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     self._reclaim, self._read_epoch = ops.reclaim, ops.state["epoch"]
     self._membership = self._own_membership or ops.membership
     self._read_claims = ops.state["claims"]
+    with tf.name_scope("epochsync_lost_workers"):  # each worker's lock, taken once at its loss
+      self._drains = [elastic_graph.drain(ops, i) for i in range(len(self._names))]
 
   def after_create_session(self, session, coord):
     for worker_id in self._spare_ids:  # Before the start barrier: the chief arrives for them.
@@ -229,6 +232,11 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     what = f"the reclaim of {name}'s unit"
     epoch = int(self._run(session, self._read_epoch, None, what))
     ops = self._reclaim
+    # Fenced first, then its lock taken once: an apply of its steps under way in that lock
+    # ends first (it waits only for the ps tasks), and none starts after; so the count the
+    # reclaim reads is every batch applied, and nothing applied is handed out again.
+    self._run(session, ops.fence, {ops.worker: worker_id}, what)
+    self._run(session, self._drains[worker_id], None, what)
     unit, skip, old_skip, held = (int(x) for x in self._run(
         session, ops.result, {ops.epoch: epoch, ops.worker: worker_id}, what))
     if unit >= 0:

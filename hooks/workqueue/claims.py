@@ -31,9 +31,10 @@ import tensorflow as tf
 from hooks import log as logging
 from hooks.errors import ClaimTimeoutError, EpochSyncError, WorkerFencedError
 from hooks.faults.waiting import RunThread, run_options, run_uncancelled
+from hooks.workqueue.elastic_graph import JOINED
 from hooks.workqueue.queue_graph import ANY, FENCE_MARK, FENCED, LOST_WRITE, QueueOps, STALE, WAIT
 
-__all__ = ["UnitClaims", "Claim", "fenced_error"]
+__all__ = ["UnitClaims", "Claim", "fenced_error", "process_identity"]
 
 _ATTEMPT_SECS = 30.0  # How long a claim waits before it checks ps:0 and logs (never cancelled).
 _RETRY_PAUSE_SECS = 0.5
@@ -57,16 +58,30 @@ class Claim(NamedTuple):
   skip: int
 
 
+def process_identity() -> tf.Variable:
+  """A worker-local int64 variable (0): who this process is in its slot of an elastic queue,
+  for a step that applies in the worker's own lock (hooks.workqueue.elastic_graph)."""
+  anchor = tf.no_op(name="epochsync_identity_anchor")  # on the worker, not a ps task
+  with tf.compat.v1.get_default_graph().colocate_with(anchor):
+    return tf.compat.v1.Variable(0, trainable=False, dtype=tf.int64,
+                                 name="epochsync_process_identity",
+                                 collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+
+
 class UnitClaims:
   """This worker's claims in the current epoch (numbered from 0 per epoch)."""
 
   def __init__(self, ops: QueueOps, worker_id: int, task_name: str, timeout_secs: float,
-               attempt_secs: float = _ATTEMPT_SECS):
+               attempt_secs: float = _ATTEMPT_SECS, identity: Optional[tf.Variable] = None):
     self.ops = ops
     self._worker, self.task_name = worker_id, task_name
     self._timeout, self._attempt = timeout_secs, min(attempt_secs, timeout_secs)
     self._epoch, self._seq = None, 0
     self._token = random.SystemRandom().getrandbits(62) + 1  # this process's joins (elastic)
+    # (Elastic, asynchronous) who this process is in its slot (`process_identity`): 0, the
+    # run's own process, until it joins the running job; its token then.
+    self.identity = identity
+    self._set_identity = None if identity is None else identity.assign(self._token)
     self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
     self._runs = RunThread(f"epochsync-claims-{worker_id}")  # claims run there, never cancelled
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
@@ -102,6 +117,8 @@ class UnitClaims:
     answer, held = run_uncancelled(session, ops.join, {
         ops.epoch: epoch, ops.worker: self._worker, ops.token: self._token,
         ops.spares: spares}, self._attempt)
+    if int(answer) == JOINED and self._set_identity is not None:  # Its steps are the slot's.
+      session.run(self._set_identity, options=run_options(self._attempt))
     return int(answer), int(held)
 
   def claim(self, session, epoch: int, at_batch: int,

@@ -1,15 +1,25 @@
-"""The work queue's elastic runs (hooks.elastic): the gate, the reclaim and the membership.
+"""The work queue's elastic runs (hooks.elastic): the gates, the reclaim and the membership.
 
-All run inside the queue's lock, beside its claims (hooks.workqueue.queue_graph):
-  - `gate`: each step of an elastic worker, before its batch reaches the model: counts the
-    batch as the worker's (`gated`), or fails the step of a fenced worker;
+An asynchronous step's apply runs in its worker's own lock (`apply_in_worker_lock`, built by
+hooks.sync.elastic_apply.ElasticOptimizer): once every gradient of the step is on its ps task,
+the lock is taken, the worker's membership checked (not fenced, and this process the slot's
+member: `identity`), the gradients applied and the batch counted (`gated`), so a batch counts
+exactly when it is in the model, and a step whose worker was fenced while it computed (a frozen
+worker woken) applies nothing. The chief fences a lost worker (`fence`), then takes its lock
+once (`drain`: an apply under way, which waits for nothing but the ps tasks, ends first) before
+the reclaim reads its count. No lock is shared by two workers' steps.
+
+The rest runs inside the queue's lock, beside its claims (hooks.workqueue.queue_graph):
+  - `gate`: each step of an elastic worker whose apply is not in its own lock (an optimizer
+    not wrapped, or a synchronous marker: `admit`), before its batch reaches the model: counts
+    the batch as the worker's (`gated`), or fails the step of a fenced worker;
   - the chief's reclaim of a lost worker: fences it and puts its unit in flight back at the
     head of the queue after the batches of it that passed the worker's gate;
   - the membership: a relaunched worker's join of the running epoch (its count goes on from its
     earlier process's), against the chief's check at each gather of whether it still arrives
     for the worker (`closed`): never both for one epoch.
-So a batch counts in the model exactly when it passed the gate, whether its worker froze
-before or after, and a woken or relaunched process never trains a batch twice.
+So a batch counts in the model exactly when it passed the gate (or its apply, in the worker's
+lock), and a woken or relaunched process never trains a batch twice.
 
 Typical usage (queue_graph.build does it with elastic=True; the input adds the gate):
   gated, closed, joined_by, accepted = (per_worker(name, init) for name, init in VARIABLES)
@@ -31,7 +41,9 @@ from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 __all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "FULL", "VARIABLES",
            "per_worker", "gate", "admit", "guest_join", "spares_feed", "still_lost",
            "refuse_fenced", "fenced", "close_fenced", "register", "registered", "reclaim_ops",
-           "membership_ops"]
+           "membership_ops", "worker_lock", "apply_in_worker_lock", "drain",
+           "register_asynchronous", "registered_asynchronous", "applies_in_worker_lock",
+           "AsynchronousWorker"]
 
 _v1 = tf.compat.v1
 # The per-worker vectors of an elastic queue (name, initial value).
@@ -75,10 +87,13 @@ class ReclaimOps:
   """The chief's reclaim (elastic): fenced worker `worker`'s unit in flight in `epoch` goes back
   to the head of the queue after the batches of it that passed the worker's gate. `result`:
   [the unit (-1: none in flight), its new skip, its skip before (the new minus the old: the
-  lost worker's batches of it in the model), the worker's epoch batches in the model]."""
+  lost worker's batches of it in the model), the worker's epoch batches in the model].
+  `fence` (feeds `worker`): the fence alone, run first when the worker's steps apply in its
+  own lock: then its `drain`, then `result`."""
   epoch: tf.Tensor
   worker: tf.Tensor
   result: tf.Tensor
+  fence: tf.Tensor
 
 
 def per_worker(name: str, initial: int) -> tf.Variable:
@@ -109,6 +124,101 @@ def registered():
   return _QUEUES.get(_v1.get_default_graph())
 
 
+# The asynchronous elastic queue of each graph, for an ElasticOptimizer built after it
+# (hooks.sync.elastic_apply), and the graphs whose step applies in its worker's lock.
+_ASYNC_QUEUES: "weakref.WeakKeyDictionary[tf.Graph, object]" = weakref.WeakKeyDictionary()
+_APPLIES: "weakref.WeakKeyDictionary[tf.Graph, int]" = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(frozen=True)
+class AsynchronousWorker:
+  """An asynchronous elastic worker's queue (QueueOps), its id and its process's `identity`
+  (hooks.workqueue.claims.UnitClaims.identity)."""
+  ops: object
+  worker_id: int
+  identity: tf.Variable
+
+
+def register_asynchronous(ops, worker_id: int, identity: tf.Variable) -> None:
+  """Makes `ops` (an asynchronous elastic queue's QueueOps) the current graph's, for worker
+  `worker_id` whose process is `identity`."""
+  _ASYNC_QUEUES[_v1.get_default_graph()] = AsynchronousWorker(ops, worker_id, identity)
+
+
+def registered_asynchronous() -> "AsynchronousWorker | None":
+  """The current graph's asynchronous elastic worker (AsynchronousWorker), or None."""
+  return _ASYNC_QUEUES.get(_v1.get_default_graph())
+
+
+def applies_in_worker_lock(graph: tf.Graph) -> int:
+  """How many applies of `graph`'s step run in the worker's lock (0: the batch's gate counts)."""
+  return _APPLIES.get(graph, 0)
+
+
+def worker_lock(worker_id: int, device: str) -> tf.CriticalSection:
+  """Worker `worker_id`'s own lock, on `device` (shared by name: every task's graph has it)."""
+  with _v1.device(device):
+    return tf.CriticalSection(name=f"epochsync_worker_lock_{worker_id}",
+                              shared_name=f"epochsync_worker_lock_{worker_id}")
+
+
+def _member(ops, worker_id: int, identity: tf.Tensor) -> tf.Tensor:
+  """Whether worker `worker_id` is not fenced and this process (`identity`: 0 for the run's
+  own process, its token once it joined) is its slot's member. Reads two words: O(1)."""
+  at = ops.layout.slices()["claims"].start + worker_id
+  claims = tf.gather(ops.state_variable, at)
+  member = tf.gather(ops.joined_by, worker_id)
+  return tf.logical_and(claims > FENCE_MARK, tf.equal(member, identity))
+
+
+def apply_in_worker_lock(ops, worker_id: int, identity: tf.Tensor, inputs, apply_fn
+                         ) -> tf.Operation:
+  """The step's apply of worker `worker_id` in its own lock, taken once every tensor of
+  `inputs` (the step's gradients, each already on its variable's ps task) exists: a member's
+  apply (`apply_fn()`, returning an op) then its batch's count; a fenced worker's or a stale
+  process's step fails before applying, with InvalidArgumentError carrying
+  `errors.FENCED_MARK` (WorkerFencedError)."""
+  graph = _v1.get_default_graph()
+  _APPLIES[graph] = _APPLIES.get(graph, 0) + 1
+  device = ops.gated.device
+  lock = worker_lock(worker_id, device)
+  with _v1.device(device):  # Read on the ps before the lock, as the gradients are.
+    identity = tf.identity(identity, name="epochsync_identity_on_ps")
+
+  def locked():
+    passed = _member(ops, worker_id, identity)
+    # The apply's own tensors (e.g. a constant learning rate) on the ps too, not the worker's.
+    with tf.control_dependencies([refuse_fenced(passed, worker_id)]), _v1.device(device):
+      update = apply_fn()
+    with tf.control_dependencies([update]):
+      counted = ops.gated.scatter_nd_add([[worker_id]], tf.ones([1], tf.int64))
+    with tf.control_dependencies([counted]):
+      return tf.identity(passed)
+
+  with tf.control_dependencies(list(inputs) + [identity]), tf.name_scope("epochsync_elastic_apply"):
+    done = execute_unrecorded(lock, locked)
+  return done.op
+
+
+def drain(ops, worker_id: int) -> tf.Tensor:
+  """(The chief) Takes worker `worker_id`'s lock once: an apply under way ends first (it waits
+  only for the ps tasks); after a `fence` no apply of it starts again. Returns its count."""
+  lock = worker_lock(worker_id, ops.gated.device)
+  return execute_unrecorded(lock, lambda: tf.gather(ops.gated, worker_id))
+
+
+def _fence(state, worker: tf.Tensor, layout: Layout) -> tf.Tensor:
+  """(Inside the queue's lock) The chief's fence of `worker` alone; the reclaim that follows
+  the worker's drain fences it again (no change) and takes its unit back."""
+  parts = layout.parts(state.read_value())
+  claims = parts["claims"][worker]
+  parts["claims"] = put(parts["claims"], worker, FENCE_MARK - tf.maximum(claims, 0),
+                        claims > FENCE_MARK)
+  header, fields = layout.join(parts)
+  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
+    return tf.constant(0, tf.int64)
+
+
 def admit(ops, worker_id, count: bool = True) -> tf.Tensor:
   """(Inside the queue's lock) Whether worker `worker_id` is not fenced; with `count`, its gated
   count rises by one if so. A synchronous step's marker is admitted this way (hooks.sync)."""
@@ -134,15 +244,19 @@ def close_fenced(ops, epoch: tf.Tensor, num_workers: int) -> tf.Tensor:
   return ops.closed[:num_workers].assign(last)
 
 
-def gate(ops, worker_id: int, after: tf.Operation) -> tf.Operation:
+def gate(ops, worker_id: int, after: tf.Operation,
+         enabled: "tf.Tensor | None" = None) -> tf.Operation:
   """The op a step of worker `worker_id` runs before its batch reaches the model,
-  after `after` (the step's take of the batch): one run of the lock on ps:0 that counts the
-  batch as the worker's, or, if the chief fenced the worker, fails the step with
-  InvalidArgumentError carrying `errors.FENCED_MARK` (hooks.faults.step_retry turns it into
-  WorkerFencedError). `ops`: the queue's QueueOps, built with elastic=True."""
+  after `after` (the step's take of the batch), while `enabled` (a bool on the worker, None:
+  always; off where the step applies in the worker's own lock, `apply_in_worker_lock`): one run
+  of the lock
+  on ps:0 that counts the batch as the worker's, or, if the chief fenced the worker, fails the
+  step with InvalidArgumentError carrying `errors.FENCED_MARK` (hooks.faults.step_retry turns it
+  into WorkerFencedError). `ops`: the queue's QueueOps, built with elastic=True."""
   with _v1.device(ops.gated.device), tf.name_scope("epochsync_workqueue_gate"):
     with tf.control_dependencies([after]):
-      passed = execute_unrecorded(ops.lock, functools.partial(admit, ops, worker_id))
+      run = lambda: execute_unrecorded(ops.lock, functools.partial(admit, ops, worker_id))
+      passed = run() if enabled is None else tf.cond(enabled, run, lambda: tf.constant(True))
     return refuse_fenced(passed, worker_id)
 
 
@@ -156,7 +270,8 @@ def refuse_fenced(passed: tf.Tensor, worker_id: int) -> tf.Operation:
 def reclaim_ops(lock: tf.CriticalSection, state, gated, layout: Layout) -> ReclaimOps:
   feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name) for name in ("epoch", "worker")}
   result = execute_unrecorded(lock, functools.partial(_reclaim, state, gated, feeds, layout))
-  return ReclaimOps(result=result, **feeds)
+  fence = execute_unrecorded(lock, functools.partial(_fence, state, feeds["worker"], layout))
+  return ReclaimOps(result=result, fence=fence, **feeds)
 
 
 def membership_ops(lock: tf.CriticalSection, state, vectors,

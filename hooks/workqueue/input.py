@@ -24,7 +24,7 @@ from hooks.config.settings import EpochSyncSettings
 from hooks.data.epoch_input import EpochInput
 from hooks.errors import ConfigError, raise_if_problems
 from hooks.workqueue import elastic_graph, queue_graph
-from hooks.workqueue.claims import UnitClaims
+from hooks.workqueue.claims import UnitClaims, process_identity
 from hooks.workqueue.replay import UnitReplay
 from hooks.workqueue.unit_passes import QueueBuild, UnitPasses
 from hooks.workqueue.units import UnitTensors, WorkUnit, fingerprint, unit_problems
@@ -93,7 +93,11 @@ class WorkQueueSpec:
     gate_batches = settings.elastic and not settings.sync
     if settings.elastic and settings.sync:
       elastic_graph.register(ops)
-    claims = UnitClaims(ops, worker_id, task_name, timeout)
+    asynchronous = settings.elastic and not settings.sync
+    identity = process_identity() if asynchronous else None
+    claims = UnitClaims(ops, worker_id, task_name, timeout, identity=identity)
+    if asynchronous:  # For an ElasticOptimizer built after it (hooks.sync.elastic_apply).
+      elastic_graph.register_asynchronous(ops, worker_id, identity)
     passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality,
                         self.replay, gate_batches=gate_batches,
                         built=QueueBuild(num_workers, settings.elastic, settings.sync))

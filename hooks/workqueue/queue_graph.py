@@ -123,7 +123,7 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     # A new run (a relaunched job) brings every worker back: the chief's reset at the run's
     # start lifts the fences an earlier run left in the state (restored from a checkpoint).
     _v1.add_to_collection(graph_keys.RESET_OPS, execute_unrecorded(
-        lock, functools.partial(_lift_fences, state, closed, layout)))
+        lock, functools.partial(_lift_fences, state, closed, joined_by, layout)))
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
                   new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
                   lock=lock if elastic else None, gated=gated, state_variable=state,
@@ -144,7 +144,8 @@ def _assign(state, vector, gated: "tf.Variable | None", layout: Layout) -> tf.Te
     return tf.constant(0, tf.int64)
 
 
-def _lift_fences(state, closed, layout: Layout) -> tf.Tensor:
+def _lift_fences(state, closed, joined_by, layout: Layout) -> tf.Tensor:
+  """Every worker is the run's own process again: no fence, no stand-in, no joiner's token."""
   parts = layout.parts(state.read_value())
   parts["claims"] = tf.where(parts["claims"] <= FENCE_MARK, tf.zeros_like(parts["claims"]),
                              parts["claims"])
@@ -152,6 +153,7 @@ def _lift_fences(state, closed, layout: Layout) -> tf.Tensor:
   writes = [state.assign(tf.concat([tf.stack(header)] + fields, 0))]
   if closed is not None:
     writes.append(closed.assign(tf.fill([MAX_WORKERS], tf.constant(-1, tf.int64))))
+    writes.append(joined_by.assign(tf.zeros([MAX_WORKERS], tf.int64)))
   with tf.control_dependencies(writes):
     return tf.constant(0, tf.int64)
 

@@ -46,6 +46,7 @@ class UnitPasses(PassSource):
                replay: Optional[UnitReplay] = None, gate_batches: bool = True,
                built: Optional[QueueBuild] = None):
     self._gate_batches = gate_batches  # (elastic) False: a synchronous step's marker is gated
+    self._gate_enabled = None  # (elastic, asynchronous) the batch gate's switch
     self.built = built  # What the queue's graph was built for (None: not said).
     self.claims, self._feed, self.units, self.task_name = claims, unit_feed, units, task_name
     self._replay, self._replayed = replay, None  # The units this worker takes this epoch.
@@ -68,7 +69,16 @@ class UnitPasses(PassSource):
     ops = self.claims.ops
     if ops.gated is None or not self._gate_batches:
       return None
-    return elastic_graph.gate(ops, self.claims.worker_id, after)
+    self._gate_enabled = tf.compat.v1.placeholder_with_default(True, [], "input_gate_enabled")
+    return elastic_graph.gate(ops, self.claims.worker_id, after, self._gate_enabled)
+
+  def step_feeds(self) -> Dict[Any, Any]:
+    """The batch's gate is off where the step applies in the worker's own lock (an
+    ElasticOptimizer: hooks.sync.elastic_apply), which counts the batch after its apply."""
+    if self._gate_enabled is None:
+      return {}
+    graph = self._gate_enabled.graph
+    return {self._gate_enabled: False} if elastic_graph.applies_in_worker_lock(graph) else {}
 
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     self.trained.setdefault(epoch, [])
