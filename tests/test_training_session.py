@@ -26,6 +26,7 @@ from hooks.epoch.progress import EpochProgressHook
 from hooks.faults import liveness
 from hooks.checkpoint.mid_epoch import MidEpochSaveHook
 from hooks.checkpoint.mid_epoch_restore import MidEpochRestoreHook
+from hooks.checkpoint.state_saver import StateSaverHook
 from hooks.checkpoint.mid_epoch_resume import MidEpochResume
 from hooks.faults.recovery_guard import RecoveryGuardHook
 from hooks.epoch.run_start import RunStartHook
@@ -187,13 +188,13 @@ class TestWiring:
     session = _session(hooks=[user, opt.make_session_run_hook(True)],
                        chief_only_hooks=[chief_only])
     kinds = [type(h) for h in session.hooks]
-    assert kinds == [RecoveryGuardHook, MidEpochRestoreHook, RunStartHook, SafeSyncTokensHook,
-                     WorkerDoneHook,
+    assert kinds == [RecoveryGuardHook, StateSaverHook, MidEpochRestoreHook, RunStartHook,
+                     SafeSyncTokensHook, WorkerDoneHook,
                      EpochBarrierHook, MidEpochResume, ChiefSaveAfterBarrierHook,
                      MidEpochSaveHook, EpochSummaryHook, EpochProgressHook, _User,
                      SyncStepCounterHook, v1.train.SummarySaverHook, _User,
                      type(session.hooks[-1])]
-    assert session.hooks[11] is chief_only and session.hooks[14] is user
+    assert session.hooks[12] is chief_only and session.hooks[15] is user
     assert session.hooks[-1].__class__.__name__ == "EpochDriverHook"  # always last
     assert isinstance(session.session_creator, EpochSyncChiefSessionCreator)
     assert session.session_creator._checkpoint_dir == "/tmp/m"
@@ -219,7 +220,7 @@ class TestWiring:
 
   def test_the_sync_hook_is_made_from_the_settings(self, recorded):
     session = _session(sync_optimizer=_opt(CHIEF))
-    hook = session.hooks[3]  # after the RecoveryGuard, MidEpochRestore and RunStart hooks
+    hook = session.hooks[4]  # after the RecoveryGuard, StateSaver, MidEpochRestore, RunStart
     assert isinstance(hook, SafeSyncTokensHook)
     assert (hook._step.timeout_secs, hook._step.warn_after_secs, hook._is_chief) == (30, 15, True)
 
