@@ -5,11 +5,13 @@
   unit, skip = queue.claim_and_skip(0, 1, 1, at=3, finished=(unit, 3, 24))
   state = queue.state()                                        # the fields, by name
   queue.pass_gate(worker=1, times=3)     # (elastic) three of its steps' batches pass the gate
+  queue.reclaim(0, worker=1)             # (elastic) the chief's fence and reclaim of worker 1
 """
 
 import tensorflow as tf
 
-from hooks.workqueue import queue_graph
+from hooks import graph_keys
+from hooks.workqueue import elastic_graph, queue_graph
 
 _v1 = tf.compat.v1
 
@@ -22,9 +24,16 @@ class LocalQueue:
     with self.graph.as_default():
       self.ops = queue_graph.build(units, workers, seed, shuffle, "/cpu:0", fingerprint, elastic)
       init = _v1.global_variables_initializer()
+      self._identity = _v1.placeholder_with_default(tf.constant(0, tf.int64), [])
+      if elastic:  # the chief's admission fences and a joined process's take of its slot
+        self._fences = [elastic_graph.fence_admissions(self.ops, w) for w in range(workers)]
+        self._take = [elastic_graph.take_slot(self.ops, w) for w in range(workers)]
+      reset = self.graph.get_collection(graph_keys.RESET_OPS)
     self.session = _v1.Session(graph=self.graph)
     self.session.run(init)
+    self.session.run(reset)  # the run's start (RunStartHook)
     self._gates = {}
+    self._identities = {}  # worker -> the token of the process that joined its slot
 
   def claim(self, epoch, worker, seq, at=0, finished=(-1, 0, 0), wanted=queue_graph.ANY):
     return self.claim_and_skip(epoch, worker, seq, at, finished, wanted)[0]
@@ -52,7 +61,9 @@ class LocalQueue:
     return self.reclaim_result(epoch, worker)[:2]
 
   def reclaim_result(self, epoch, worker):
-    """(unit, its new skip, its old skip, the worker's epoch batches in the model)."""
+    """(unit, its new skip, its old skip, the worker's epoch batches in the model), after the
+    chief's fence of the worker's steps (hooks.elastic.lost_workers)."""
+    assert int(self.session.run(self._fences[worker])) == 0  # no admitted step in flight
     ops = self.ops.reclaim
     return tuple(int(x) for x in self.session.run(ops.result, {ops.epoch: epoch,
                                                                ops.worker: worker}))
@@ -67,6 +78,9 @@ class LocalQueue:
     ops = self.ops.membership
     answer, held = self.session.run(ops.join, {ops.epoch: epoch, ops.worker: worker,
                                                ops.token: token, ops.spares: spares})
+    if int(answer) == elastic_graph.JOINED:  # as UnitClaims.join: the process takes the slot
+      self.session.run(self._take[worker])
+      self._identities[worker] = token
     return int(answer), int(held)
 
   def still_lost(self, epoch, worker):
@@ -83,6 +97,6 @@ class LocalQueue:
     """`times` steps of `worker` pass the gate (elastic; a fenced one: InvalidArgumentError)."""
     if worker not in self._gates:
       with self.graph.as_default():
-        self._gates[worker] = queue_graph.gate(self.ops, worker, tf.no_op())
+        self._gates[worker] = elastic_graph.gate(self.ops, worker, tf.no_op(), self._identity)
     for _ in range(times):
-      self.session.run(self._gates[worker])
+      self.session.run(self._gates[worker], {self._identity: self._identities.get(worker, 0)})

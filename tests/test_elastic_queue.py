@@ -10,7 +10,7 @@ import tensorflow as tf
 from hooks import graph_keys
 from hooks.data.epoch_listener import EpochStats
 from hooks.errors import FENCED_MARK, WorkerFencedError, WorkQueueError
-from hooks.workqueue import queue_graph
+from hooks.workqueue import elastic_graph, queue_graph
 from hooks.workqueue.audit import UnitAudit
 from hooks.workqueue.claims import UnitClaims
 
@@ -254,11 +254,10 @@ def test_a_unit_two_workers_were_lost_in_is_audited_with_both_parts_in_their_ord
 
 def _elastic_async_worker(worker_id=1, num_workers=2, learning_rate=0.5):
   """An asynchronous elastic worker's graph in one process: the work queue input (2 units of
-  4 batches of 1), w * x with an ElasticOptimizer, and the chief's fence/drain/reclaim."""
+  4 batches of 1), w * x with an ElasticOptimizer, and the chief's admission fence."""
   from hooks.config.settings import EpochSyncSettings  # pylint: disable=g-import-not-at-top
   from hooks.sync.elastic_apply import ElasticOptimizer  # pylint: disable=g-import-not-at-top
   from hooks.workqueue import WorkUnit, work_queue_input  # pylint: disable=g-import-not-at-top
-  from hooks.workqueue import elastic_graph  # pylint: disable=g-import-not-at-top
   graph = tf.Graph()
   with graph.as_default():
     settings = EpochSyncSettings(num_epochs=1, sync=False, elastic=True, save_checkpoint_secs=0)
@@ -274,17 +273,19 @@ def _elastic_async_worker(worker_id=1, num_workers=2, learning_rate=0.5):
     train_op = ElasticOptimizer(_v1.train.GradientDescentOptimizer(learning_rate)).minimize(
         -w * x, global_step=step)
     ops = epoch_input.passes.claims.ops
-    drain = elastic_graph.drain(ops, worker_id)
+    fence = elastic_graph.fence_admissions(ops, worker_id)
     init = [_v1.global_variables_initializer(), _v1.local_variables_initializer()]
+    reset = graph.get_collection(graph_keys.RESET_OPS)
   session = _v1.Session(graph=graph)
   session.run(init)
-  return graph, session, epoch_input, train_op, ops, drain, (w, step)
+  session.run(reset)  # the run's start (RunStartHook): the admission words and done counts
+  return graph, session, epoch_input, train_op, ops, fence, (w, step)
 
 
 def test_an_elastic_optimizer_counts_a_batch_with_its_apply_and_a_fenced_step_applies_nothing():
-  """The apply in the worker's lock: a member's step applies and counts; after the chief's
-  fence and drain, a step (a frozen worker woken) is refused before any variable changes."""
-  graph, session, epoch_input, train_op, ops, drain, (w, step) = _elastic_async_worker()
+  """An admitted step applies and counts; after the chief's fence (nothing in flight: 0), a
+  step (a frozen worker woken) is refused before any variable changes."""
+  graph, session, epoch_input, train_op, ops, fence, (w, step) = _elastic_async_worker()
   claims = epoch_input.passes.claims
   assert claims.claim(session, epoch=0, at_batch=0).unit >= 0
   for _ in range(3):
@@ -292,8 +293,7 @@ def test_an_elastic_optimizer_counts_a_batch_with_its_apply_and_a_fenced_step_ap
   assert session.run([w, step]) == [1.5, 3]
   assert int(session.run(ops.gated)[1]) == 3  # counted with each apply
   reclaim = ops.reclaim
-  session.run(reclaim.fence, {reclaim.worker: 1})
-  assert int(session.run(drain)) == 3
+  assert int(session.run(fence)) == 0  # no admitted step in flight
   with pytest.raises(tf.errors.InvalidArgumentError, match=FENCED_MARK):
     session.run(train_op)
   assert session.run([w, step]) == [1.5, 3] and int(session.run(ops.gated)[1]) == 3
@@ -306,31 +306,39 @@ def test_an_elastic_optimizer_counts_a_batch_with_its_apply_and_a_fenced_step_ap
 def test_a_stale_process_of_a_slot_another_process_joined_applies_nothing():
   """The slot's member is the process that joined it (its token); an earlier process of the
   same worker woken after that join is refused, though the slot is no longer fenced."""
-  graph, session, epoch_input, train_op, ops, _, (w, _) = _elastic_async_worker()
+  graph, session, epoch_input, train_op, ops, fence, (w, _) = _elastic_async_worker()
   epoch_input.passes.claims.claim(session, epoch=0, at_batch=0)
+  session.run(train_op)
+  session.run(fence)
   session.run(ops.reclaim.result, {ops.reclaim.epoch: 0, ops.reclaim.worker: 1})
   membership = ops.membership
   answer, _ = session.run(membership.join, {membership.epoch: 0, membership.worker: 1,
                                             membership.token: 12345, membership.spares: 0})
-  assert int(answer) == 1  # JOINED by another process (token 12345); this one's identity is 0
+  assert int(answer) == 1  # JOINED by another process (token 12345): it is the member
   with pytest.raises(tf.errors.InvalidArgumentError, match=FENCED_MARK):
-    session.run(train_op)
-  assert session.run(w) == 0.0
+    session.run(train_op)  # still fenced: the new process has not taken the slot yet
   with graph.as_default():
+    take = elastic_graph.take_slot(ops, 1)
     become = epoch_input.passes.claims.identity.assign(12345)
+  session.run(take)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=FENCED_MARK):
+    session.run(train_op)  # this process (identity 0) is not the member: refused
+  assert session.run(w) == 0.5
   session.run(become)  # the joined process itself
   session.run(train_op)
-  assert session.run(w) == 0.5
+  assert session.run(w) == 1.0
+  assert int(session.run(ops.gated)[1]) % 2**32 == 2
 
 
 def test_a_new_run_makes_every_slot_the_runs_own_process_again():
-  graph, session, _, train_op, ops, _, (w, _) = _elastic_async_worker()
+  graph, session, _, train_op, ops, fence, (w, _) = _elastic_async_worker()
   membership = ops.membership
+  session.run(fence)
   session.run(ops.reclaim.result, {ops.reclaim.epoch: 0, ops.reclaim.worker: 1})
   session.run(membership.join, {membership.epoch: 0, membership.worker: 1,
                                 membership.token: 99, membership.spares: 0})
   session.run(graph.get_collection(graph_keys.RESET_OPS))
-  session.run(train_op)  # identity 0 is the member again
+  session.run(train_op)  # identity 0 is the member again, the word unfenced
   assert session.run(w) == 0.5
 
 

@@ -27,6 +27,7 @@ Typical usage (hooks.session.wiring does it on the chief with --epochsync_elasti
 """
 
 import threading
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
@@ -43,6 +44,8 @@ __all__ = ["LostWorkerWatch", "probe_period_secs"]
 
 _v1 = tf.compat.v1
 _RUN_TIMEOUT_SECS = 60.0  # the reclaim and the reads wait for nothing but ps:0
+_ADMITTED_WAIT_SECS = 5.0  # a fenced worker's admitted steps end within ms (ps tasks only)
+_ADMITTED_POLL_SECS = 0.005
 _FASTEST_PERIOD_SECS = 0.1
 _PROBE_SECS = 0.0002  # one GetStatus RPC on a local network
 _PROBE_SHARE = 0.05  # of the watch thread's time
@@ -109,8 +112,9 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     self._reclaim, self._read_epoch = ops.reclaim, ops.state["epoch"]
     self._membership = self._own_membership or ops.membership
     self._read_claims = ops.state["claims"]
-    with tf.name_scope("epochsync_lost_workers"):  # each worker's lock, taken once at its loss
-      self._drains = [elastic_graph.drain(ops, i) for i in range(len(self._names))]
+    with tf.name_scope("epochsync_lost_workers"):  # each worker's admission fence
+      self._fences = [elastic_graph.fence_admissions(ops, i) for i in range(len(self._names))]
+      self._in_flight = [elastic_graph.in_flight(ops, i) for i in range(len(self._names))]
 
   def after_create_session(self, session, coord):
     for worker_id in self._spare_ids:  # Before the start barrier: the chief arrives for them.
@@ -222,6 +226,23 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
                            "the check of a lost worker")
     return int(held) if lost else None
 
+  def _fence_admissions(self, session, worker_id: int, what: str) -> None:
+    """Fences the worker's steps (an ElasticOptimizer's: none is admitted after this) and
+    waits until those admitted before are done: they wait only for the ps tasks, so the count
+    the reclaim reads then holds every batch applied, and nothing applied is handed out again.
+    Bounded: a step the worker's death cancelled in its apply never gets done; after
+    _ADMITTED_WAIT_SECS the reclaim goes on (that batch, in the model in part or not at all,
+    is trained again)."""
+    pending = int(self._run(session, self._fences[worker_id], None, what))
+    deadline = time.monotonic() + _ADMITTED_WAIT_SECS
+    while pending > 0 and time.monotonic() < deadline:
+      time.sleep(_ADMITTED_POLL_SECS)
+      pending = int(self._run(session, self._in_flight[worker_id], None, what))
+    if pending > 0:
+      logging.info("%s: %d step(s) of %s admitted before its fence never ended (cancelled by "
+                   "its death inside the apply); its unit goes back after the batches counted",
+                   self._names[0], pending, self._names[worker_id])
+
   def _lose(self, session, worker_id: int, why: str = "", spare: bool = False) -> None:
     """Fences the worker, takes its unit back and arrives for it from now on; `spare`: it is a
     spare standing by (at the run's start), not lost."""
@@ -233,11 +254,7 @@ class LostWorkerWatch(_v1.train.SessionRunHook):
     what = f"the reclaim of {name}'s unit"
     epoch = int(self._run(session, self._read_epoch, None, what))
     ops = self._reclaim
-    # Fenced first, then its lock taken once: an apply of its steps under way in that lock
-    # ends first (it waits only for the ps tasks), and none starts after; so the count the
-    # reclaim reads is every batch applied, and nothing applied is handed out again.
-    self._run(session, ops.fence, {ops.worker: worker_id}, what)
-    self._run(session, self._drains[worker_id], None, what)
+    self._fence_admissions(session, worker_id, what)
     unit, skip, old_skip, held = (int(x) for x in self._run(
         session, ops.result, {ops.epoch: epoch, ops.worker: worker_id}, what))
     if unit >= 0:

@@ -4,11 +4,13 @@ Without it, an asynchronous elastic step's batch counts as the worker's at its g
 forward pass (hooks.workqueue.elastic_graph.gate); a worker frozen between that gate and its
 apply (SIGSTOP, a long pause) has its batch counted in its epoch while the apply lands when it
 wakes, in a later epoch, or never if it dies frozen. With it, the step's gradients first go to
-their variables' ps tasks; then, in the worker's own lock on ps:0, the chief's fence is checked,
-the gradients applied and the batch counted, all on the ps tasks (a frozen worker cannot hold
-it). The chief fences a lost worker and takes its lock before reading its count, so the epoch's
+their variables' ps tasks; then the step is admitted on ps:0 (its worker's admission word
+counted up: one atomic op, no lock) unless the chief fenced the worker, the gradients applied
+and the batch counted, all on the ps tasks. The chief fences a lost worker's word and waits for
+the steps admitted before to be done before it reads the worker's count, so the epoch's
 checkpoint and audit hold exactly the batches applied, and a woken worker's step applies
-nothing. No lock is shared by two workers' steps (the gate's is the work queue's, one for all).
+nothing. No lock is shared by the workers' steps (the batch gate's is the work queue's, one for
+every step of every worker).
 
 Typical usage (in an asynchronous elastic job, after the work queue input):
   epoch_input = hooks.workqueue.work_queue_input(units, unit_fn, ..., settings=settings)
@@ -60,13 +62,13 @@ class ElasticOptimizer(DelegatingOptimizer):
     if queue is None:  # Not an asynchronous elastic job: the plain apply.
       return self._opt.apply_gradients(grads_and_vars, global_step, name)
     graph = _v1.get_default_graph()
-    if elastic_graph.applies_in_worker_lock(graph):
+    if elastic_graph.applies_if_admitted(graph):
       raise ConfigError(
           "a second ElasticOptimizer in one graph: the step's batch is counted by one apply; "
           "use one optimizer for the model, or the plain optimizers (the batch gate then "
           "counts the batch as it enters the step)")
     staged = _on_their_ps(grads_and_vars)
-    return elastic_graph.apply_in_worker_lock(
+    return elastic_graph.apply_if_member(
         queue.ops, queue.worker_id, queue.identity, _tensors(staged),
         lambda: self._opt.apply_gradients(staged, global_step, name))
 

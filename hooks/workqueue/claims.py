@@ -72,16 +72,19 @@ class UnitClaims:
   """This worker's claims in the current epoch (numbered from 0 per epoch)."""
 
   def __init__(self, ops: QueueOps, worker_id: int, task_name: str, timeout_secs: float,
-               attempt_secs: float = _ATTEMPT_SECS, identity: Optional[tf.Variable] = None):
+               attempt_secs: float = _ATTEMPT_SECS, identity: Optional[tf.Variable] = None,
+               take_slot: Optional[tf.Operation] = None):
     self.ops = ops
     self._worker, self.task_name = worker_id, task_name
     self._timeout, self._attempt = timeout_secs, min(attempt_secs, timeout_secs)
     self._epoch, self._seq = None, 0
     self._token = random.SystemRandom().getrandbits(62) + 1  # this process's joins (elastic)
     # (Elastic, asynchronous) who this process is in its slot (`process_identity`): 0, the
-    # run's own process, until it joins the running job; its token then.
+    # run's own process, until it joins the running job; its token then. `take_slot` lifts the
+    # slot's admission fence once it joined (hooks.workqueue.elastic_graph.take_slot).
     self.identity = identity
     self._set_identity = None if identity is None else identity.assign(self._token)
+    self._take_slot = take_slot
     self.liveness = None  # A LivenessMonitor (wiring sets it): a dead ps:0 is named at once.
     self._runs = RunThread(f"epochsync-claims-{worker_id}")  # claims run there, never cancelled
     self.state = ops.state  # The chief's read of the whole queue (hooks.workqueue.audit).
@@ -117,7 +120,9 @@ class UnitClaims:
     answer, held = run_uncancelled(session, ops.join, {
         ops.epoch: epoch, ops.worker: self._worker, ops.token: self._token,
         ops.spares: spares}, self._attempt)
-    if int(answer) == JOINED and self._set_identity is not None:  # Its steps are the slot's.
+    if int(answer) == JOINED and self._set_identity is not None:  # Its steps are the slot's:
+      # the join made it the member; now its word admits steps, then this process's.
+      session.run(self._take_slot, options=run_options(self._attempt))
       session.run(self._set_identity, options=run_options(self._attempt))
     return int(answer), int(held)
 

@@ -1,17 +1,18 @@
 """The work queue's elastic runs (hooks.elastic): the gates, the reclaim and the membership.
 
-An asynchronous step's apply runs in its worker's own lock (`apply_in_worker_lock`, built by
+An asynchronous step's apply is admitted first (`apply_if_member`, built by
 hooks.sync.elastic_apply.ElasticOptimizer): once every gradient of the step is on its ps task,
-the lock is taken, the worker's membership checked (not fenced, and this process the slot's
-member: `identity`), the gradients applied and the batch counted (`gated`), so a batch counts
-exactly when it is in the model, and a step whose worker was fenced while it computed (a frozen
-worker woken) applies nothing. The chief fences a lost worker (`fence`), then takes its lock
-once (`drain`: an apply under way, which waits for nothing but the ps tasks, ends first) before
-the reclaim reads its count. No lock is shared by two workers' steps.
+the step counts up its worker's admission word on ps:0 (one CountUpTo: atomic, no lock) and
+reads the slot's member; only a step whose word was not fenced, of the slot's member process,
+applies, then counts its batch (`gated`) and marks itself done. So a batch counts exactly when
+it is in the model, and a step whose worker was fenced while it computed (a frozen worker
+woken) applies nothing. The chief fences a lost worker's word (`fence_admissions`), waits until
+the steps admitted before are done (`in_flight`: they wait for nothing but the ps tasks), and
+only then reclaims its unit, reading its count. No lock is shared by two workers' steps.
 
 The rest runs inside the queue's lock, beside its claims (hooks.workqueue.queue_graph):
-  - `gate`: each step of an elastic worker whose apply is not in its own lock (an optimizer
-    not wrapped, or a synchronous marker: `admit`), before its batch reaches the model: counts
+  - `gate`: each step of an elastic worker whose apply is not admitted (a plain optimizer; a
+    synchronous marker passes `admit`), before its batch reaches the model: counts
     the batch as the worker's (`gated`), or fails the step of a fenced worker;
   - the chief's reclaim of a lost worker: fences it and puts its unit in flight back at the
     head of the queue after the batches of it that passed the worker's gate;
@@ -41,9 +42,9 @@ from hooks.workqueue.state_ops import FENCE_MARK, execute_unrecorded, put
 __all__ = ["MembershipOps", "ReclaimOps", "JOINED", "NOT_FENCED", "CLOSED", "FULL", "VARIABLES",
            "per_worker", "gate", "admit", "guest_join", "spares_feed", "still_lost",
            "refuse_fenced", "fenced", "close_fenced", "register", "registered", "reclaim_ops",
-           "membership_ops", "worker_lock", "apply_in_worker_lock", "drain",
-           "register_asynchronous", "registered_asynchronous", "applies_in_worker_lock",
-           "AsynchronousWorker"]
+           "membership_ops", "admission_word", "apply_if_member", "fence_admissions",
+           "in_flight", "take_slot", "register_asynchronous", "registered_asynchronous",
+           "applies_if_admitted", "AsynchronousWorker", "ADMISSION_FENCE"]
 
 _v1 = tf.compat.v1
 # The per-worker vectors of an elastic queue (name, initial value).
@@ -87,13 +88,11 @@ class ReclaimOps:
   """The chief's reclaim (elastic): fenced worker `worker`'s unit in flight in `epoch` goes back
   to the head of the queue after the batches of it that passed the worker's gate. `result`:
   [the unit (-1: none in flight), its new skip, its skip before (the new minus the old: the
-  lost worker's batches of it in the model), the worker's epoch batches in the model].
-  `fence` (feeds `worker`): the fence alone, run first when the worker's steps apply in its
-  own lock: then its `drain`, then `result`."""
+  lost worker's batches of it in the model, with the worker's admissions fenced and done first:
+  `fence_admissions`, `in_flight`)]."""
   epoch: tf.Tensor
   worker: tf.Tensor
   result: tf.Tensor
-  fence: tf.Tensor
 
 
 def per_worker(name: str, initial: int) -> tf.Variable:
@@ -125,9 +124,13 @@ def registered():
 
 
 # The asynchronous elastic queue of each graph, for an ElasticOptimizer built after it
-# (hooks.sync.elastic_apply), and the graphs whose step applies in its worker's lock.
+# (hooks.sync.elastic_apply), the graphs whose step applies only if admitted, and each graph's
+# admission words by worker id.
 _ASYNC_QUEUES: "weakref.WeakKeyDictionary[tf.Graph, object]" = weakref.WeakKeyDictionary()
 _APPLIES: "weakref.WeakKeyDictionary[tf.Graph, int]" = weakref.WeakKeyDictionary()
+_WORDS: "weakref.WeakKeyDictionary[tf.Graph, dict]" = weakref.WeakKeyDictionary()
+ADMISSION_FENCE = 2**40  # added to a fenced worker's admission word
+_NO_LIMIT = 2**62  # CountUpTo's limit: never reached (a fenced word stays far below it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,73 +153,95 @@ def registered_asynchronous() -> "AsynchronousWorker | None":
   return _ASYNC_QUEUES.get(_v1.get_default_graph())
 
 
-def applies_in_worker_lock(graph: tf.Graph) -> int:
-  """How many applies of `graph`'s step run in the worker's lock (0: the batch's gate counts)."""
+def applies_if_admitted(graph: tf.Graph) -> int:
+  """How many applies of `graph`'s step are admitted by `apply_if_member` (0: the batch's gate
+  counts the batch)."""
   return _APPLIES.get(graph, 0)
 
 
-def worker_lock(worker_id: int, device: str) -> tf.CriticalSection:
-  """Worker `worker_id`'s own lock, on `device` (shared by name: every task's graph has it)."""
-  with _v1.device(device):
-    return tf.CriticalSection(name=f"epochsync_worker_lock_{worker_id}",
-                              shared_name=f"epochsync_worker_lock_{worker_id}")
+def admission_word(ops, worker_id: int) -> tf.Variable:
+  """Worker `worker_id`'s admission word on ps:0: a scalar its steps count up (CountUpTo, which
+  returns the count before: one atomic op) and the chief's fence raises by ADMISSION_FENCE. In
+  no collection (never saved): each run's start resets it (graph_keys.RESET_OPS)."""
+  graph = _v1.get_default_graph()
+  while getattr(graph, "outer_graph", None) is not None:  # a cond branch's (control flow v2)
+    graph = graph.outer_graph
+  words = _WORDS.setdefault(graph, {})
+  if worker_id not in words:
+    with graph.as_default(), _v1.device(ops.gated.device), _v1.name_scope("epochsync/workqueue/"):
+      words[worker_id] = _v1.Variable(tf.constant(0, tf.int64), trainable=False, collections=[],
+                                      use_resource=True, name=f"admitted_{worker_id}")
+    graph.add_to_collection(graph_keys.RESET_OPS, words[worker_id].initializer)
+  return words[worker_id]
 
 
-def _member(ops, worker_id: int, identity: tf.Tensor) -> tf.Tensor:
-  """Whether worker `worker_id` is not fenced and this process (`identity`: 0 for the run's
-  own process, its token once it joined) is its slot's member. Reads two words: O(1)."""
-  at = ops.layout.slices()["claims"].start + worker_id
-  claims = tf.gather(ops.state_variable, at)
-  member = tf.gather(ops.joined_by, worker_id)
-  return tf.logical_and(claims > FENCE_MARK, tf.equal(member, identity))
+def _admission(ops, worker_id: int, identity: tf.Tensor, inputs) -> tf.Tensor:
+  """(On ps:0, once every tensor of `inputs` exists) Counts up worker `worker_id`'s admission
+  word and answers whether the step is admitted: the word was not fenced and this process
+  (`identity`: 0 for the run's own process, its token once it joined) is the slot's member,
+  read after the count (see take_slot). A refused step is done at once; an admitted one's
+  caller counts its batch (`_count`)."""
+  word = admission_word(ops, worker_id)
+  identity = tf.identity(identity)  # read here, on the ps
+  with tf.control_dependencies(list(inputs) + [identity]):
+    before = tf.raw_ops.ResourceCountUpTo(resource=word.handle, limit=_NO_LIMIT, T=tf.int64)
+  with tf.control_dependencies([before]):
+    member = tf.gather(ops.joined_by, worker_id)
+  passed = tf.logical_and(before < ADMISSION_FENCE, tf.equal(member, identity))
+  refused = tf.reshape(tf.cast(tf.logical_not(passed), tf.int64), [1])
+  with tf.control_dependencies([ops.done.scatter_nd_add([[worker_id]], refused)]):
+    return tf.identity(passed)
 
 
-def apply_in_worker_lock(ops, worker_id: int, identity: tf.Tensor, inputs, apply_fn
-                         ) -> tf.Operation:
-  """The step's apply of worker `worker_id` in its own lock, taken once every tensor of
-  `inputs` (the step's gradients, each already on its variable's ps task) exists: a member's
-  apply (`apply_fn()`, returning an op) then its batch's count; a fenced worker's or a stale
-  process's step fails before applying, with InvalidArgumentError carrying
-  `errors.FENCED_MARK` (WorkerFencedError)."""
+def _count(ops, worker_id: int) -> tf.Operation:
+  """An admitted step's batch counted as the worker's (`gated`), then the step done: the
+  chief, which waits for the admitted steps to be done, then reads every count."""
+  one = tf.ones([1], tf.int64)
+  with tf.control_dependencies([ops.gated.scatter_nd_add([[worker_id]], one)]):
+    return ops.done.scatter_nd_add([[worker_id]], one)
+
+
+def apply_if_member(ops, worker_id: int, identity: tf.Tensor, inputs, apply_fn
+                    ) -> tf.Operation:
+  """The step's apply of worker `worker_id`, once every tensor of `inputs` (the step's
+  gradients, each already on its variable's ps task) exists and the step was admitted
+  (`_admission`): `apply_fn()` (returning an op), then its batch counted; a refused step fails
+  before applying, with InvalidArgumentError carrying `errors.FENCED_MARK`
+  (WorkerFencedError). O(1) words on ps:0, no lock: a frozen worker holds nothing."""
   graph = _v1.get_default_graph()
   _APPLIES[graph] = _APPLIES.get(graph, 0) + 1
   device = ops.gated.device
-  lock = worker_lock(worker_id, device)
-  with _v1.device(device):  # Read on the ps before the lock, as the gradients are.
-    identity = tf.identity(identity, name="epochsync_identity_on_ps")
-
-  def locked():
-    passed = _member(ops, worker_id, identity)
-    # The apply's own tensors (e.g. a constant learning rate) on the ps too, not the worker's.
-    with tf.control_dependencies([refuse_fenced(passed, worker_id)]), _v1.device(device):
-      update = apply_fn()
-    with tf.control_dependencies([update]):
-      counted = ops.gated.scatter_nd_add([[worker_id]], tf.ones([1], tf.int64))
-    with tf.control_dependencies([counted]):
-      return tf.identity(passed)
-
-  with tf.control_dependencies(list(inputs) + [identity]), tf.name_scope("epochsync_elastic_apply"):
-    done = execute_unrecorded(lock, locked)
-  return done.op
+  with _v1.device(device), tf.name_scope("epochsync_elastic_apply"):
+    check = refuse_fenced(_admission(ops, worker_id, identity, inputs), worker_id)
+  with tf.control_dependencies([check]), _v1.device(device):  # its own tensors on the ps too
+    update = apply_fn()
+  with _v1.device(device), tf.control_dependencies([update]):
+    return _count(ops, worker_id)
 
 
-def drain(ops, worker_id: int) -> tf.Tensor:
-  """(The chief) Takes worker `worker_id`'s lock once: an apply under way ends first (it waits
-  only for the ps tasks); after a `fence` no apply of it starts again. Returns its count."""
-  lock = worker_lock(worker_id, ops.gated.device)
-  return execute_unrecorded(lock, lambda: tf.gather(ops.gated, worker_id))
+def fence_admissions(ops, worker_id: int) -> tf.Tensor:
+  """(The chief) Fences worker `worker_id`'s steps: its word rises by ADMISSION_FENCE (a step
+  counting up after this is refused; run again, the word stays fenced). Returns the steps
+  admitted and not yet done (poll it with `in_flight` until 0)."""
+  word = admission_word(ops, worker_id)
+  fenced = word.assign_add(ADMISSION_FENCE, read_value=False)
+  with tf.control_dependencies([fenced]):
+    return in_flight(ops, worker_id)
 
 
-def _fence(state, worker: tf.Tensor, layout: Layout) -> tf.Tensor:
-  """(Inside the queue's lock) The chief's fence of `worker` alone; the reclaim that follows
-  the worker's drain fences it again (no change) and takes its unit back."""
-  parts = layout.parts(state.read_value())
-  claims = parts["claims"][worker]
-  parts["claims"] = put(parts["claims"], worker, FENCE_MARK - tf.maximum(claims, 0),
-                        claims > FENCE_MARK)
-  header, fields = layout.join(parts)
-  with tf.control_dependencies([state.assign(tf.concat([tf.stack(header)] + fields, 0))]):
-    return tf.constant(0, tf.int64)
+def in_flight(ops, worker_id: int) -> tf.Tensor:
+  """(The chief) The fenced worker's steps admitted and not done yet: 0 once every apply that
+  was admitted before the fence counted its batch (it waits only for the ps tasks)."""
+  word = admission_word(ops, worker_id)
+  return tf.math.floormod(word.read_value(), ADMISSION_FENCE) - tf.gather(ops.done, worker_id)
+
+
+def take_slot(ops, worker_id: int) -> tf.Operation:
+  """(A process that joined in place of fenced worker `worker_id`) lifts its admission fence:
+  the word goes back to the steps done. The queue's join set the slot's member (joined_by)
+  first, so a step of an earlier process admitted from now on reads another member."""
+  word = admission_word(ops, worker_id)
+  return word.assign(tf.gather(ops.done, worker_id), read_value=False)
 
 
 def admit(ops, worker_id, count: bool = True) -> tf.Tensor:
@@ -244,20 +269,31 @@ def close_fenced(ops, epoch: tf.Tensor, num_workers: int) -> tf.Tensor:
   return ops.closed[:num_workers].assign(last)
 
 
-def gate(ops, worker_id: int, after: tf.Operation,
+def gate(ops, worker_id: int, after: tf.Operation, identity: tf.Tensor,
          enabled: "tf.Tensor | None" = None) -> tf.Operation:
-  """The op a step of worker `worker_id` runs before its batch reaches the model,
-  after `after` (the step's take of the batch), while `enabled` (a bool on the worker, None:
-  always; off where the step applies in the worker's own lock, `apply_in_worker_lock`): one run
-  of the lock
-  on ps:0 that counts the batch as the worker's, or, if the chief fenced the worker, fails the
-  step with InvalidArgumentError carrying `errors.FENCED_MARK` (hooks.faults.step_retry turns it
+  """The op a step of worker `worker_id` runs before its batch reaches the model, after
+  `after` (the step's take of the batch), while `enabled` (a bool on the worker, None: always;
+  off where the step's apply is admitted instead: `apply_if_member`): the step's admission on
+  ps:0 (`_admission`, no lock), and its batch counted as the worker's; a refused step fails
+  with InvalidArgumentError carrying `errors.FENCED_MARK` (hooks.faults.step_retry turns it
   into WorkerFencedError). `ops`: the queue's QueueOps, built with elastic=True."""
+  admission_word(ops, worker_id)  # built here, outside the cond below
   with _v1.device(ops.gated.device), tf.name_scope("epochsync_workqueue_gate"):
-    with tf.control_dependencies([after]):
-      run = lambda: execute_unrecorded(ops.lock, functools.partial(admit, ops, worker_id))
-      passed = run() if enabled is None else tf.cond(enabled, run, lambda: tf.constant(True))
+
+    def admit_and_count():
+      passed = _admission(ops, worker_id, identity, [after])
+      counted = tf.cond(passed, lambda: _after(_count(ops, worker_id), tf.constant(True)),
+                        lambda: tf.constant(False))
+      return counted
+
+    passed = (admit_and_count() if enabled is None else
+              tf.cond(enabled, admit_and_count, lambda: tf.constant(True)))
     return refuse_fenced(passed, worker_id)
+
+
+def _after(first, value: tf.Tensor) -> tf.Tensor:
+  with tf.control_dependencies([first]):
+    return tf.identity(value)
 
 
 def refuse_fenced(passed: tf.Tensor, worker_id: int) -> tf.Operation:
@@ -270,8 +306,7 @@ def refuse_fenced(passed: tf.Tensor, worker_id: int) -> tf.Operation:
 def reclaim_ops(lock: tf.CriticalSection, state, gated, layout: Layout) -> ReclaimOps:
   feeds = {name: _v1.placeholder(tf.int64, [], "reclaim_" + name) for name in ("epoch", "worker")}
   result = execute_unrecorded(lock, functools.partial(_reclaim, state, gated, feeds, layout))
-  fence = execute_unrecorded(lock, functools.partial(_fence, state, feeds["worker"], layout))
-  return ReclaimOps(result=result, fence=fence, **feeds)
+  return ReclaimOps(result=result, **feeds)
 
 
 def membership_ops(lock: tf.CriticalSection, state, vectors,

@@ -95,7 +95,9 @@ class WorkQueueSpec:
       elastic_graph.register(ops)
     asynchronous = settings.elastic and not settings.sync
     identity = process_identity() if asynchronous else None
-    claims = UnitClaims(ops, worker_id, task_name, timeout, identity=identity)
+    take_slot = elastic_graph.take_slot(ops, worker_id) if asynchronous else None
+    claims = UnitClaims(ops, worker_id, task_name, timeout, identity=identity,
+                        take_slot=take_slot)
     if asynchronous:  # For an ElasticOptimizer built after it (hooks.sync.elastic_apply).
       elastic_graph.register_asynchronous(ops, worker_id, identity)
     passes = UnitPasses(claims, unit, units, task_name, self.records_are_examples, cardinality,

@@ -85,6 +85,7 @@ class QueueOps:
   closed: "tf.Variable | None" = None  # with elastic: per worker, the last epoch it is closed
   accepted: "tf.Variable | None" = None  # with elastic: per worker, its batches in the model
   joined_by: "tf.Variable | None" = None  # with elastic: per worker, its joining process's token
+  done: "tf.Variable | None" = None  # with elastic: per worker, its admitted steps done
 
 
 def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
@@ -110,6 +111,13 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
     gated, closed, joined_by, accepted = (
         [elastic_graph.per_worker(*v) for v in elastic_graph.VARIABLES] if elastic
         else (None,) * len(elastic_graph.VARIABLES))
+    # (elastic) per worker, its admitted steps done (elastic_graph.apply_if_member): in no
+    # collection, never saved; each run's start resets it
+    done = None
+    if elastic:
+      done = _v1.Variable(tf.zeros([MAX_WORKERS], tf.int64), trainable=False, collections=[],
+                          use_resource=True, name="epochsync/workqueue/done")
+      _v1.add_to_collection(graph_keys.RESET_OPS, done.initializer)
     claim = functools.partial(_claim, state, feeds, layout, order_of,
                               fingerprint_value(fingerprint), gated)
     result = execute_unrecorded(lock, claim)
@@ -127,7 +135,7 @@ def build(num_units: int, num_workers: int, seed: int, shuffle: bool,
   return QueueOps(claim=result, state=layout.parts(vector), vector=vector,
                   new_vector=new_vector, assign=assign, layout=layout, reclaim=reclaim,
                   lock=lock if elastic else None, gated=gated, state_variable=state,
-                  membership=membership, closed=closed, accepted=accepted,
+                  membership=membership, closed=closed, accepted=accepted, done=done,
                   joined_by=joined_by, **feeds)
 
 

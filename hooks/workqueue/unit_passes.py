@@ -70,15 +70,16 @@ class UnitPasses(PassSource):
     if ops.gated is None or not self._gate_batches:
       return None
     self._gate_enabled = tf.compat.v1.placeholder_with_default(True, [], "input_gate_enabled")
-    return elastic_graph.gate(ops, self.claims.worker_id, after, self._gate_enabled)
+    return elastic_graph.gate(ops, self.claims.worker_id, after, self.claims.identity,
+                              self._gate_enabled)
 
   def step_feeds(self) -> Dict[Any, Any]:
-    """The batch's gate is off where the step applies in the worker's own lock (an
-    ElasticOptimizer: hooks.sync.elastic_apply), which counts the batch after its apply."""
+    """The batch's gate is off where the step's apply is admitted (an ElasticOptimizer:
+    hooks.sync.elastic_apply), which counts the batch after its apply."""
     if self._gate_enabled is None:
       return {}
     graph = self._gate_enabled.graph
-    return {self._gate_enabled: False} if elastic_graph.applies_in_worker_lock(graph) else {}
+    return {self._gate_enabled: False} if elastic_graph.applies_if_admitted(graph) else {}
 
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:
     self.trained.setdefault(epoch, [])
