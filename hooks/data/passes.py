@@ -56,7 +56,7 @@ class PassSource:
 
   def step_feeds(self) -> Dict[Any, Any]:
     """Feeds of every step that takes a batch, known once the graph is built (here: none). An
-    elastic queue's turn its batch gate off where the step applies in the worker's own lock."""
+    elastic queue's turn its batch gate off where the step's apply is admitted instead."""
     return {}
 
   def first_pass(self, session, epoch: int, epoch_batches: int = 0) -> PassStart:

@@ -6,12 +6,12 @@ less often in a job of more than 25 workers so the probes take at most 5% of tha
 a second at 250 workers and above: `probe_period_secs`). A
 worker whose server is gone or restarted is lost, and so is one that answered no probe for
 `stalled_after_secs` (frozen: SIGSTOP, a long pause, a partition). The chief, in this order:
-  1. reclaims its unit: it fences the worker in the work queue's critical section (its later
-     claims answer FENCED, its later steps are refused), takes the worker's own lock once (an
-     apply of its step under way there ends first: hooks.sync.elastic_apply), then, in the
-     queue's critical section again, puts its unit in flight back at the head of the queue
-     after the batches of it the worker's count holds (counted with each apply, or at the batch
-     gate of a plain optimizer); the next claim, by any worker, resumes the unit there. Run
+  1. reclaims its unit: it fences the worker's admission word (its later steps are refused),
+     waits until its steps admitted before are done (they wait only for the ps tasks), then, in
+     the work queue's critical section, fences its claims (they answer FENCED) and puts its unit
+     in flight back at the head of the queue after the batches of it the worker's count holds
+     (counted with each apply, or at the batch gate of a plain optimizer:
+     hooks.workqueue.elastic_graph); the next claim, by any worker, resumes the unit there. Run
      twice, the second run changes nothing;
   2. arrives for it at every barrier from now on (the barrier's stand_ins) until it rejoins: a
      relaunched process with its task index joins at an epoch whose barrier the chief has not

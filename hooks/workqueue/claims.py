@@ -60,7 +60,7 @@ class Claim(NamedTuple):
 
 def process_identity() -> tf.Variable:
   """A worker-local int64 variable (0): who this process is in its slot of an elastic queue,
-  for a step that applies in the worker's own lock (hooks.workqueue.elastic_graph)."""
+  for the admission of its steps (hooks.workqueue.elastic_graph)."""
   anchor = tf.no_op(name="epochsync_identity_anchor")  # on the worker, not a ps task
   with tf.compat.v1.get_default_graph().colocate_with(anchor):
     return tf.compat.v1.Variable(0, trainable=False, dtype=tf.int64,
