@@ -16,6 +16,8 @@
                              (each is also `python -m bench.<module>` with its own flags)
   ./es bench --only=soak     opt-in only (never in --full): a sync and an async job of 100,000
                              steps each with mid-epoch saves (bench/soak.py; tens of minutes)
+  ./es bench --only=scale    opt-in only: the ps-side protocol with 8 to 256 simulated workers
+                             (bench/scale.py; its model to 1,000: python -m bench.scale_model)
   ./es bench --only=elastic_chaos  opt-in only: elastic jobs whose workers are killed, frozen
                              and relaunched at random, async and sync, 3 seeds (bench/elastic_chaos.py)
 
@@ -79,6 +81,8 @@ _FULL = {
 _OPT_IN = {  # --only=<name> runs these; never part of --full
     "soak": ("bench.soak", ["--output={out}.json"]),
     "elastic_chaos": ("bench.elastic_chaos", ["--seeds=0,1,2", "--output={out}.json"]),
+    "scale": ("bench.scale", ["--workers=8,32,128,256", "--output={out}.json",
+                              "--plot={out}.png"]),
 }
 
 

@@ -111,6 +111,10 @@ def pytest_addoption(parser):
            "relaunched, killed twice or two at once "
            "(default: none; e.g. ./es test tests/test_elastic_matrix.py --elastic-seeds=10).")
   parser.addoption(
+      "--scale", type=int, default=0, metavar="N",
+      help="The many-worker jobs of tests/test_scale_cluster.py run with N workers and 4 ps "
+           "(default: skipped; e.g. ./es test tests/test_scale_cluster.py --scale=48).")
+  parser.addoption(
       "--unit-kill-seeds", type=int, default=None, metavar="N",
       help="The work queue's randomized mid-epoch kill matrix runs seeds 0..N-1, each "
            "synchronous and asynchronous (default: none; the fixed resumes run; e.g. ./es test "

@@ -118,3 +118,16 @@ def test_every_link_of_the_troubleshooting_and_quick_start_docs_resolves():
         with open(linked) as f:
           headings = [_anchor(h) for h in re.findall(r"^#+ (.*)$", f.read(), re.M)]
         assert anchor in headings, (doc, target, anchor)
+
+
+def test_the_count_of_bad_input_kinds_is_the_reliability_tables():
+  """README and troubleshooting say how many kinds of bad input are refused: the rows of
+  reliability.md's table, numbered 1..N."""
+  with open(os.path.join(ROOT, "docs", "reliability.md")) as f:
+    table = _section(f.read(), "Bad input")
+  numbers = [int(n) for n in re.findall(r"^\| (\d+) \|", table, re.M)]
+  assert numbers == list(range(1, len(numbers) + 1)), numbers
+  with open(os.path.join(ROOT, "README.md")) as f:
+    readme = f.read()
+  assert re.findall(r"(\d+) kinds of misconfiguration", readme) == [str(len(numbers))]
+  assert re.findall(r"all (\d+) kinds", _doc()) == [str(len(numbers))]
