@@ -12,6 +12,8 @@ step, per unit or per second: these are their costs at saturation). Per N:
     (hooks.workqueue.elastic_graph.gate: the worker's admission word, no lock); `admitted`
     applies once its worker's admission word admits it (apply_if_member, hooks.ElasticOptimizer).
     Steps/s, p50/p99 latency (ms), ps CPU per step (µs, every ps), and the part over `plain`.
+  - `capacity`: what ps:0 sustains with no client in the way: one run carries N admissions
+    (the queue's lock: serialized; the admission words: in parallel), admissions per second.
   - `claim`: a unit hand-off (hooks.workqueue.claims): latency, ps:0 CPU per claim.
   - `heartbeat`: a worker's heartbeat row written (once a second in a job) and all rows read (a
     waiting task's poll): ps:0 CPU per write and per read of N rows.
@@ -32,6 +34,7 @@ Typical usage:
 """
 
 import functools
+import json
 import os
 import signal
 import statistics
@@ -59,10 +62,12 @@ from hooks.workqueue.state_ops import execute_unrecorded
 _WORKERS = flags.DEFINE_list("workers", ["8", "32", "128", "256"], "Numbers of workers.")
 _PS = flags.DEFINE_integer("num_ps", 2, "ps tasks (the model's variables over them).")
 _SECS = flags.DEFINE_float("secs", 6.0, "How long each step variant runs per N.")
-_PIECES = flags.DEFINE_list("pieces", ["steps", "claim", "heartbeat", "barrier", "probes"],
+_PIECES = flags.DEFINE_list("pieces", ["steps", "capacity", "claim", "heartbeat", "barrier",
+                                       "probes"],
                             "Which pieces to measure.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results as JSON here.")
 _PLOT = flags.DEFINE_string("plot", None, "Write the cost-vs-N plot (PNG) here.")
+_REPLOT = flags.DEFINE_string("replot", None, "Only draw --plot from this results JSON.")
 
 _v1 = tf.compat.v1
 _PS_MAIN = """
@@ -125,7 +130,10 @@ def _hammer(sessions, runs: Sequence[Callable], secs: float, cluster: _Cluster) 
     start.wait()
     while not stop.is_set():
       t = time.perf_counter()
-      runs[i](sessions[i])
+      try:
+        runs[i](sessions[i])
+      except tf.errors.AbortedError:  # a RunGraph TensorFlow saw twice (its retry): not counted
+        continue
       latencies[i].append(time.perf_counter() - t)
 
   threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(len(sessions))]
@@ -145,9 +153,12 @@ def _hammer(sessions, runs: Sequence[Callable], secs: float, cluster: _Cluster) 
           **_quantiles(flat)}
 
 
-def _steps(cluster: _Cluster, n: int, secs: float) -> Dict[str, Dict]:
-  """plain, queue_lock, batch_gate, admitted: N workers' steps, side by side."""
-  num_ps = len(cluster.procs)
+_VARIANTS = ("plain", "queue_lock", "batch_gate", "admitted")
+
+
+def _step_graph(variant: str, w: int, n: int, num_ps: int):
+  """Worker `w`'s own graph (as a real worker's: its ops only) for one step variant; the
+  fetch, and (worker 0) the initialization and the run's start."""
   graph = tf.Graph()
   with graph.as_default():
     ops = queue_graph.build(4 * n, n, 0, False, "/job:ps/task:0", elastic=True)
@@ -156,40 +167,88 @@ def _steps(cluster: _Cluster, n: int, secs: float) -> Dict[str, Dict]:
       with _v1.device(f"/job:ps/task:{p}"):
         variables.append(_v1.get_variable(f"v{p}", [_GRAD], initializer=_v1.zeros_initializer(),
                                           use_resource=False))
-    identity = tf.constant(0, tf.int64)
-    fetches = {"plain": [], "queue_lock": [], "batch_gate": [], "admitted": []}
-    for w in range(n):
-      var = variables[w % num_ps]
-      with _v1.device(f"/job:worker/task:{w % 2}"):
-        grad = tf.fill([_GRAD], 1e-6)
-      with _v1.device(var.device):
-        staged = tf.identity(grad)
-      fetches["plain"].append(_v1.assign_add(var, staged, use_locking=True).op)
-      # Today's gate until this change: one run of the queue's lock on ps:0 for every step of
-      # every worker (the fence read from the whole state, the count in the lock).
+    var, identity = variables[w % num_ps], tf.constant(0, tf.int64)
+    with _v1.device(f"/job:worker/task:{w % 2}"):
+      grad = tf.fill([_GRAD], 1e-6)
+    with _v1.device(var.device):
+      staged = tf.identity(grad)
+    add = lambda: _v1.assign_add(var, staged, use_locking=True).op
+    if variant == "plain":
+      fetch = add()
+    elif variant == "queue_lock":  # the batch gate until this benchmark: the queue's one lock
       with _v1.device("/job:ps/task:0"):
         passed = execute_unrecorded(ops.lock, functools.partial(elastic_graph.admit, ops, w))
       with tf.control_dependencies([elastic_graph.refuse_fenced(passed, w)]):
-        fetches["queue_lock"].append(_v1.assign_add(var, staged, use_locking=True).op)
-      gate = elastic_graph.gate(ops, w, tf.no_op(), identity)
-      with tf.control_dependencies([gate]):
-        fetches["batch_gate"].append(_v1.assign_add(var, staged, use_locking=True).op)
-      fetches["admitted"].append(elastic_graph.apply_if_member(
-          ops, w, identity, [staged],
-          lambda var=var, staged=staged: _v1.assign_add(var, staged, use_locking=True).op))
-    init = _v1.global_variables_initializer()
-    reset = graph.get_collection(graph_keys.RESET_OPS)  # the run's start
-  sessions = cluster.sessions(graph, n)
-  sessions[0].run(init)
-  sessions[0].run(reset)
-  out = {}
-  for name, ops_of in fetches.items():
-    out[name] = _hammer(sessions, [lambda s, op=op: s.run(op) for op in ops_of], secs, cluster)
-  for session in sessions:
-    session.close()
-  for name in ("queue_lock", "batch_gate", "admitted"):
+        fetch = add()
+    elif variant == "batch_gate":
+      with tf.control_dependencies([elastic_graph.gate(ops, w, tf.no_op(), identity)]):
+        fetch = add()
+    else:
+      fetch = elastic_graph.apply_if_member(ops, w, identity, [staged], add)
+    start = None
+    if w == 0:  # as the chief's graph (its LostWorkerWatch): every worker's admission word
+      for other in range(n):
+        elastic_graph.admission_word(ops, other)
+      start = [_v1.global_variables_initializer(), graph.get_collection(graph_keys.RESET_OPS)]
+  return graph, fetch, start
+
+
+def _steps(cluster: _Cluster, n: int, secs: float) -> Dict[str, Dict]:
+  """plain, queue_lock, batch_gate, admitted: N workers' steps, one variant after another, each
+  worker with a graph and a session of its own."""
+  num_ps, out = len(cluster.procs), {}
+  for variant in _VARIANTS:
+    built = [_step_graph(variant, w, n, num_ps) for w in range(n)]
+    sessions = [_v1.Session(cluster.servers[w % 2].target, graph=g) for w, (g, _, _) in
+                enumerate(built)]
+    init, reset = built[0][2]
+    sessions[0].run(init)
+    sessions[0].run(reset)
+    out[variant] = _hammer(sessions, [lambda s, op=op: s.run(op) for _, op, _ in built], secs,
+                           cluster)
+    for session in sessions:
+      session.close()
+    del built, sessions
+  for name in _VARIANTS[1:]:
     out[name]["over_plain_ps_cpu_us"] = round(sum(out[name]["ps_cpu_us"]) -
                                               sum(out["plain"]["ps_cpu_us"]), 1)
+  return out
+
+
+def _capacity(cluster: _Cluster, n: int, rounds: int = 20, per_run: int = 512) -> Dict[str, Dict]:
+  """What ps:0 itself sustains, without the clients: one run carries `per_run` admissions of
+  the N workers in turn (the queue's lock, serialized; or the admission words, in parallel) on
+  ps:0; admissions per second = per_run / the run's wall time, the median of `rounds` runs."""
+  graph = tf.Graph()
+  with graph.as_default():
+    ops = queue_graph.build(4 * n, n, 0, False, "/job:ps/task:0", elastic=True)
+    identity = tf.constant(0, tf.int64)
+    runs = {"queue_lock": [], "batch_gate": []}
+    with _v1.device("/job:ps/task:0"):
+      for w in (i % n for i in range(per_run)):
+        runs["queue_lock"].append(execute_unrecorded(
+            ops.lock, functools.partial(elastic_graph.admit, ops, w)))
+        runs["batch_gate"].append(elastic_graph.gate(ops, w, tf.no_op(), identity))
+    fetch = {k: tf.group(*v) for k, v in runs.items()}
+    for other in range(n):
+      elastic_graph.admission_word(ops, other)
+    start = [_v1.global_variables_initializer(), graph.get_collection(graph_keys.RESET_OPS)]
+  with _v1.Session(cluster.servers[0].target, graph=graph) as session:
+    session.run(start)
+    out = {}
+    for name, op in fetch.items():
+      session.run(op)  # registers the graph
+      walls, cpu0 = [], cluster.ps_cpu()[0]
+      for _ in range(rounds):
+        t = time.perf_counter()
+        session.run(op)
+        walls.append(time.perf_counter() - t)
+      cpu = cluster.ps_cpu()[0] - cpu0
+      out[name] = {"admissions_per_sec": round(per_run / statistics.median(walls)),
+                   "run_ms": round(1000 * statistics.median(walls), 2),
+                   "ps0_cpu_us_per_admission": round(1e6 * cpu / (rounds * per_run), 1)}
+  out["ratio"] = round(out["batch_gate"]["admissions_per_sec"] /
+                       out["queue_lock"]["admissions_per_sec"], 1)
   return out
 
 
@@ -222,13 +281,13 @@ def _heartbeats(cluster: _Cluster, n: int, secs: float) -> Dict:
   with graph.as_default():
     var = heartbeat.variables(n)
     row = _v1.placeholder(tf.int64, [5])
-    writes = [_v1.scatter_update(var, [w], tf.reshape(row, [1, 5])).op for w in range(n)]
+    who = _v1.placeholder(tf.int32, [])
+    write = _v1.scatter_update(var, tf.reshape(who, [1]), tf.reshape(row, [1, 5])).op
     rows = heartbeat.rows_op(n)
   sessions = cluster.sessions(graph, n)
   sessions[0].run(var.initializer)
-  feed = {row: [1, 0, 0, 0, 0]}
-  out = {"write": _hammer(sessions, [lambda s, op=op: s.run(op, feed) for op in writes], secs,
-                          cluster)}
+  out = {"write": _hammer(sessions, [lambda s, w=w: s.run(write, {row: [1, 0, 0, 0, 0], who: w})
+                                     for w in range(n)], secs, cluster)}
   out["read_all_rows"] = _hammer(sessions[:2], [lambda s: s.run(rows)] * 2, secs / 2, cluster)
   for session in sessions:
     session.close()
@@ -304,10 +363,12 @@ def _plot(rows: List[Dict], path: str) -> None:
                    label=name)
     axes[0].set(title="ps CPU per step (all ps), µs", xlabel="workers", xscale="log")
     axes[0].legend()
-    for name in ("queue_lock", "batch_gate", "admitted"):
-      axes[1].plot(ns, [r["steps"][name]["p99_ms"] for r in rows], marker="o", label=name)
-    axes[1].set(title="step p99 latency, ms (N clients on 2 cores)", xlabel="workers",
-                xscale="log")
+  if "capacity" in rows[0]:
+    for name in ("queue_lock", "batch_gate"):
+      axes[1].plot(ns, [r["capacity"][name]["admissions_per_sec"] for r in rows], marker="o",
+                   label=name)
+    axes[1].set(title="admissions/s ps:0 sustains (no client in the way)", xlabel="workers",
+                xscale="log", ylim=(0, None))
     axes[1].legend()
   series = [("claim", lambda r: sum(r["claim"]["ps_cpu_us"])),
             ("heartbeat write", lambda r: sum(r["heartbeat"]["write"]["ps_cpu_us"])),
@@ -325,6 +386,10 @@ def _plot(rows: List[Dict], path: str) -> None:
 
 def main(argv):
   del argv
+  if _REPLOT.value:
+    with open(_REPLOT.value) as f:
+      _plot(json.load(f)["results"]["runs"], _PLOT.value)
+    return
   rows = []
   for n in map(int, _WORKERS.value):
     row = {"workers": n, "load_before": common.load_average()}
@@ -332,6 +397,8 @@ def main(argv):
     try:
       if "steps" in _PIECES.value:
         row["steps"] = _steps(cluster, n, _SECS.value)
+      if "capacity" in _PIECES.value:
+        row["capacity"] = _capacity(cluster, n)
       if "claim" in _PIECES.value:
         row["claim"] = _claims(cluster, n, _SECS.value)
       if "heartbeat" in _PIECES.value:

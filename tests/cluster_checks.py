@@ -106,6 +106,24 @@ def wait_for_epochs(model_dir: str, n: int, deadline_secs: float = 60.0) -> None
   assert len(read_audit(model_dir)) >= n, f"the job did not finish {n} epoch(s) in time"
 
 
+def relaunch_after_a_mid_epoch_kill(log_root, command, model_dir: str, before: int, after: int,
+                                    epoch: int = 1, victim: str = "worker:1", delay: float = 0.0,
+                                    step_sleep_secs: float = 0.15) -> None:
+  """`command` on `before` workers (steps slowed by `step_sleep_secs`); `victim` killed `delay`
+  s after a mid-epoch checkpoint of `epoch`, the others then end; the job relaunched on `after`
+  workers, which must all end well. Logs in <log_root>/logs1 and logs2."""
+  from hooks.testing.local_cluster import LocalCluster  # pylint: disable=g-import-not-at-top
+  with LocalCluster(num_workers=before, timeout_secs=120, fail_fast_secs=30,
+                    log_dir=str(log_root / "logs1")) as cluster:
+    cluster.start(list(command) + [f"--step_sleep_secs={step_sleep_secs}"])
+    kill_after_a_mid_epoch_save(cluster, model_dir, epoch, victim, delay)
+    cluster.wait()
+  with LocalCluster(num_workers=after, timeout_secs=120,
+                    log_dir=str(log_root / "logs2")) as cluster:
+    cluster.start(list(command) + ["--step_sleep_secs=0"])
+    cluster.wait().check()
+
+
 def kill_after_a_mid_epoch_save(cluster, model_dir: str, epoch: int, victim: str,
                                 delay: float = 0.0) -> None:
   """Kills `victim` `delay` s after the chief saved a mid-epoch checkpoint of `epoch` (checked

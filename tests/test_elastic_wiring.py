@@ -1,6 +1,8 @@
 """What an elastic job's hooks refuse before the first step (hooks.session.wiring), and what a
 synchronous one wires (hooks.session.elastic_sync): docs/elastic.md, "Turning it on"."""
 
+import time
+
 import pytest
 import tensorflow as tf
 
@@ -147,6 +149,29 @@ def test_a_step_without_a_batch_that_fails_after_the_chief_fenced_the_worker_say
 def test_the_chief_probes_a_small_job_every_0_1_s_and_spends_at_most_5_percent_on_probes(
     num_workers, period):
   assert probe_period_secs(num_workers) == pytest.approx(period)
+
+
+def test_the_watch_waits_long_enough_to_keep_its_cpu_under_5_percent():
+  """A round of probes that costs 20 ms of CPU (a large job, a slow machine) is followed by a
+  wait of at least 0.4 s; a cheap round by the period."""
+  watch = LostWorkerWatch.__new__(LostWorkerWatch)  # only the loop: no graph, no monitor
+  watch._period, watch._names = 0.1, ["chief:0"]  # pylint: disable=protected-access
+  waits, costs = [], iter([0.02, 0.0, 0.0])
+
+  class _Stop:
+    def wait(self, secs):
+      waits.append(secs)
+      return len(waits) > 3
+
+  def burn(session):
+    del session
+    end = time.thread_time() + next(costs)
+    while time.thread_time() < end:
+      pass
+
+  watch._stop, watch._watch_once = _Stop(), burn  # pylint: disable=protected-access
+  watch._watch(None, None)  # pylint: disable=protected-access
+  assert waits[0] == 0.1 and waits[1] >= 0.4 and waits[2] == 0.1, waits
 
 
 def test_two_sync_optimizers_are_refused(graph):

@@ -18,7 +18,8 @@ from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
 from hooks.testing.local_cluster import LocalCluster
 from cluster_checks import (assert_workers_count_every_attempt, checkpoint_value,
-                            kill_after_a_mid_epoch_save, steps_sgd, unit_steps, wait_for_epochs)
+                            relaunch_after_a_mid_epoch_kill, steps_sgd, unit_steps,
+                            wait_for_epochs)
 
 pytestmark = [pytest.mark.cluster]
 
@@ -185,15 +186,8 @@ def _resumed_run(tmp_path, sync, workers_after, units=UNITS, save_steps=2, epoch
                     "--epochsync_num_epochs=2", f"--epochsync_sync={sync}",
                     "--epochsync_save_checkpoint_secs=0",
                     f"--epochsync_save_checkpoint_steps={save_steps}"]
-  with LocalCluster(num_workers=3, timeout_secs=120, fail_fast_secs=30,
-                    log_dir=str(tmp_path / "logs1")) as cluster:
-    cluster.start(command + [f"--step_sleep_secs={step_sleep_secs}"])
-    kill_after_a_mid_epoch_save(cluster, model_dir, epoch, victim, delay)
-    cluster.wait()
-  with LocalCluster(num_workers=workers_after, timeout_secs=120,
-                    log_dir=str(tmp_path / "logs2")) as cluster:
-    cluster.start(command + ["--step_sleep_secs=0"])
-    cluster.wait().check()
+  relaunch_after_a_mid_epoch_kill(tmp_path, command, model_dir, 3, workers_after, epoch, victim,
+                                  delay, step_sleep_secs)
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == [0, 1]
   for line in audit:

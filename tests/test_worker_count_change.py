@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from cluster_checks import (assert_workers_count_every_attempt, checkpoint_value,
-                            kill_after_a_mid_epoch_save, steps_sgd, unit_steps)
+                            kill_after_a_mid_epoch_save, relaunch_after_a_mid_epoch_kill,
+                            steps_sgd, unit_steps)
 from examples import train
 from hooks.epoch.audit import read_audit
 from hooks.testing import oracle
@@ -63,15 +64,7 @@ def _queue_relaunch(tmp_path, task, before, after):
   command = task + [f"--model_dir={model_dir}", "--unit_batches=" + ",".join(map(str, UNITS)),
                     "--epochsync_num_epochs=2", "--epochsync_save_checkpoint_secs=0",
                     "--epochsync_save_checkpoint_steps=2"]
-  with LocalCluster(num_workers=before, timeout_secs=120, fail_fast_secs=30,
-                    log_dir=str(tmp_path / "logs1")) as cluster:
-    cluster.start(command + ["--step_sleep_secs=0.15"])
-    kill_after_a_mid_epoch_save(cluster, model_dir, 1, "worker:0")
-    cluster.wait()
-  with LocalCluster(num_workers=after, timeout_secs=120,
-                    log_dir=str(tmp_path / "logs2")) as cluster:
-    cluster.start(command + ["--step_sleep_secs=0"])
-    cluster.wait().check()
+  relaunch_after_a_mid_epoch_kill(tmp_path, command, model_dir, before, after, victim="worker:0")
   audit = read_audit(model_dir)
   assert [line["epoch"] for line in audit] == [0, 1]
   assert audit[1]["attempts"] == [1, 2], audit[1]
